@@ -1,0 +1,850 @@
+//! The agent: everything behind the client API. It owns the partition writers of this
+//! process, routes produce requests to them, serves replays from the local logs and runs
+//! consumer-group delivery (leases, redelivery, dead-lettering, ack checkpoints).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use silt_metadata::state::{GroupMode, Topic};
+use silt_metadata::{Command, MetadataError, MetadataNode, Response};
+use silt_record::{
+    partition_for_key, validate_topic_name, BatchBuilder, Header, MessageId, NewRecord, Record, RecordBatch,
+};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::error::{ApiError, StoreError};
+use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
+use crate::metrics::{LagLabels, Metrics};
+use crate::partition_log::PartitionLog;
+use crate::partition_writer::{self, PartitionHandle, WriterConfig};
+
+/// Most messages one poll may return.
+pub const POLL_MAX: u32 = 10_000;
+/// Longest a poll may wait.
+pub const POLL_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// Most messages in one produce request.
+pub const PRODUCE_MESSAGES_MAX: usize = 100_000;
+/// Most ids in one ack request.
+pub const ACK_IDS_MAX: usize = 100_000;
+/// Longest a group member may stay silent before it loses its partitions.
+pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
+/// Bytes read from a partition per step of a poll or replay.
+const READ_BYTES_STEP: usize = 1024 * 1024;
+/// How often dirty ack state is checkpointed to metadata.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
+/// Suffix of dead-letter topics.
+pub const DLQ_SUFFIX: &str = ".dlq";
+
+/// Where and who this agent is.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Id recorded as partition writer.
+    pub agent_id: String,
+    /// Root of the agent's local state (`{data_dir}/log/...`).
+    pub data_dir: PathBuf,
+}
+
+/// A message to produce, before it has a partition.
+#[derive(Debug, Clone, Default)]
+pub struct ProduceMessage {
+    /// Explicit partition; otherwise chosen by key, or spread when there is no key.
+    pub partition: Option<u32>,
+    /// Key.
+    pub key: Option<Bytes>,
+    /// Value.
+    pub value: Option<Bytes>,
+    /// Headers.
+    pub headers: Vec<Header>,
+    /// Timestamp; the agent's clock when absent.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// Partition.
+    pub partition: u32,
+    /// The record.
+    pub record: Record,
+    /// How many times it has been delivered to this group, this one included.
+    pub delivery: u32,
+}
+
+/// A poll request.
+#[derive(Debug, Clone)]
+pub struct PollRequest {
+    /// Topic.
+    pub topic: String,
+    /// Group.
+    pub group: String,
+    /// Member id of the caller.
+    pub member: String,
+    /// Group mode.
+    pub mode: GroupMode,
+    /// Most messages to return.
+    pub max: u32,
+    /// Longest to wait for one.
+    pub timeout: Duration,
+    /// The member loses its partitions after this long without a poll.
+    pub session_timeout: Duration,
+}
+
+/// Lag and delivery state of a group on one partition.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PartitionLag {
+    /// Partition.
+    pub partition: u32,
+    /// Assigned member (exclusive mode).
+    pub member: Option<String>,
+    /// Every offset below is acknowledged.
+    pub ack_floor: u64,
+    /// End of the partition.
+    pub high_watermark: u64,
+    /// Records between the floor and the end.
+    pub lag: u64,
+    /// Delivered and not yet acknowledged.
+    pub in_flight: usize,
+}
+
+type CursorKey = (String, String, u32);
+
+/// The agent. Cheap to clone.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AgentConfig,
+    metadata: MetadataNode,
+    metrics: Arc<Metrics>,
+    partitions: RwLock<HashMap<(String, u32), (u64, PartitionHandle)>>,
+    open_lock: tokio::sync::Mutex<()>,
+    cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
+    heartbeats: Mutex<HashMap<(String, String, String), Instant>>,
+    appended: Notify,
+    spread: AtomicU32,
+    cancel: CancellationToken,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Agent {
+    /// Starts the agent: opens the partitions of every existing topic, removes local data of
+    /// deleted topics and starts the ack checkpointer.
+    pub async fn start(
+        config: AgentConfig,
+        metadata: MetadataNode,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+    ) -> Result<Agent, StoreError> {
+        let agent = Agent {
+            inner: Arc::new(Inner {
+                config,
+                metadata,
+                metrics,
+                partitions: RwLock::new(HashMap::new()),
+                open_lock: tokio::sync::Mutex::new(()),
+                cursors: Mutex::new(HashMap::new()),
+                heartbeats: Mutex::new(HashMap::new()),
+                appended: Notify::new(),
+                spread: AtomicU32::new(0),
+                cancel,
+            tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        let topics: Vec<Topic> = agent.inner.metadata.read(|s| s.topics.values().cloned().collect()).await?;
+        agent.remove_stale_topic_dirs(&topics);
+        for topic in &topics {
+            for p in 0..topic.partitions.len() as u32 {
+                agent.partition(&topic.name, p).await.map_err(|e| StoreError::Failed(e.message))?;
+            }
+        }
+        let checkpointer = agent.clone();
+        let task = tokio::spawn(async move { checkpointer.run_checkpointer().await });
+        lock(&agent.inner.tasks).push(task);
+        Ok(agent)
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// The metadata service.
+    pub fn metadata(&self) -> &MetadataNode {
+        &self.inner.metadata
+    }
+
+    /// Stops the writers after they drained, and checkpoints acks a last time.
+    pub async fn shutdown(&self) {
+        self.inner.cancel.cancel();
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.tasks));
+        for t in tasks {
+            if let Err(e) = t.await {
+                error!(error = %e, "agent task panicked");
+            }
+        }
+        self.checkpoint_acks().await;
+    }
+
+    fn topic_dir(&self, topic: &str, id: u64) -> PathBuf {
+        self.inner.config.data_dir.join("log").join(format!("{topic}~{id}"))
+    }
+
+    fn remove_stale_topic_dirs(&self, topics: &[Topic]) {
+        let root = self.inner.config.data_dir.join("log");
+        let Ok(entries) = std::fs::read_dir(&root) else { return };
+        let live: std::collections::HashSet<String> = topics.iter().map(|t| format!("{}~{}", t.name, t.id)).collect();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if !live.contains(&name) {
+                info!(dir = %entry.path().display(), "removing local data of a deleted topic");
+                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                    warn!(error = %e, dir = %entry.path().display(), "could not remove local data of a deleted topic");
+                }
+            }
+        }
+    }
+
+    /// The writer handle of a partition, opening the local log and claiming the partition on
+    /// first use.
+    pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
+        let t = self.topic_local(topic)?;
+        if partition as usize >= t.partitions.len() {
+            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+        }
+        let key = (topic.to_string(), partition);
+        if let Some((id, h)) = self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if *id == t.id {
+                return Ok(h.clone());
+            }
+        }
+        let _guard = self.inner.open_lock.lock().await;
+        if let Some((id, h)) = self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if *id == t.id {
+                return Ok(h.clone());
+            }
+        }
+        let dir = self.topic_dir(topic, t.id).join(partition.to_string());
+        let (log, _reports) = tokio::task::spawn_blocking(move || PartitionLog::open(&dir))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("opening the partition log panicked: {e}")))??;
+        let config = WriterConfig {
+            agent_id: self.inner.config.agent_id.clone(),
+            topic: topic.to_string(),
+            partition,
+            segment_bytes: t.config.segment_bytes,
+            segment_ms: t.config.segment_ms,
+        };
+        let (handle, task) = partition_writer::start(
+            log,
+            config,
+            self.inner.metadata.clone(),
+            Arc::clone(&self.inner.metrics),
+            self.inner.cancel.child_token(),
+        )
+        .await?;
+        lock(&self.inner.tasks).push(task);
+        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(key, (t.id, handle.clone()));
+        Ok(handle)
+    }
+
+    fn topic_local(&self, topic: &str) -> Result<Topic, ApiError> {
+        Ok(self.inner.metadata.read_local(|s| s.topic(topic).cloned())?)
+    }
+
+    /// Creates a topic and opens its partitions.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: BTreeMap<String, String>,
+    ) -> Result<Topic, ApiError> {
+        validate_topic_name(name).map_err(|e| ApiError::bad_request("invalid_topic_name", e.to_string()))?;
+        let response = self
+            .inner
+            .metadata
+            .write(Command::CreateTopic { name: name.to_string(), partitions, config, now_ms: now_ms() })
+            .await?;
+        let Response::Topic { topic } = response else {
+            return Err(ApiError::unavailable(format!("unexpected metadata reply: {response:?}")));
+        };
+        for p in 0..partitions {
+            self.partition(name, p).await?;
+        }
+        Ok(self.topic_local(name).unwrap_or(topic))
+    }
+
+    /// Deletes a topic: metadata first, then the local data.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        let id = self.topic_local(name)?.id;
+        self.inner.metadata.write(Command::DeleteTopic { name: name.to_string() }).await?;
+        let _guard = self.inner.open_lock.lock().await;
+        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).retain(|(t, _), _| t != name);
+        lock(&self.inner.cursors).retain(|(_, t, _), _| t != name);
+        let dir = self.topic_dir(name, id);
+        // Writers notice their channel closed and stop; their files go with the directory.
+        if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
+            warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
+        }
+        Ok(())
+    }
+
+    /// All topics.
+    pub async fn list_topics(&self) -> Result<Vec<Topic>, ApiError> {
+        Ok(self.inner.metadata.read(|s| s.topics.values().cloned().collect()).await?)
+    }
+
+    /// One topic as metadata knows it, with each partition's local high watermark.
+    pub async fn describe_topic(&self, name: &str) -> Result<(Topic, Vec<u64>), ApiError> {
+        let topic = self.inner.metadata.read(|s| s.topic(name).cloned()).await??;
+        let mut hwms = Vec::with_capacity(topic.partitions.len());
+        for p in 0..topic.partitions.len() as u32 {
+            hwms.push(self.partition(name, p).await?.reader().high_watermark());
+        }
+        Ok((topic, hwms))
+    }
+
+    /// Produces messages. Returns one id per message, in order, once all are durable.
+    pub async fn produce(&self, topic: &str, messages: Vec<ProduceMessage>) -> Result<Vec<MessageId>, ApiError> {
+        let started = Instant::now();
+        if messages.is_empty() {
+            return Err(ApiError::bad_request("empty_request", "a produce request needs at least one message"));
+        }
+        if messages.len() > PRODUCE_MESSAGES_MAX {
+            return Err(ApiError::bad_request(
+                "too_many_messages",
+                format!("a produce request may carry at most {PRODUCE_MESSAGES_MAX} messages, got {}", messages.len()),
+            ));
+        }
+        let t = self.topic_local(topic)?;
+        let partitions = t.partitions.len() as u32;
+        let max_bytes = t.config.max_message_bytes as usize;
+        let spread = self.inner.spread.fetch_add(1, Ordering::Relaxed) % partitions;
+        let now = now_ms() as i64;
+        // Group messages per partition into batches no larger than max.message.bytes.
+        let mut per_partition: BTreeMap<u32, Vec<(usize, BatchBuilder)>> = BTreeMap::new();
+        let mut slots: Vec<(u32, usize, usize)> = Vec::with_capacity(messages.len());
+        for (i, m) in messages.into_iter().enumerate() {
+            let partition = match (m.partition, &m.key) {
+                (Some(p), _) if p < partitions => p,
+                (Some(p), _) => {
+                    return Err(MetadataError::UnknownPartition { topic: topic.into(), partition: p }.into());
+                }
+                (None, Some(key)) => partition_for_key(key, partitions),
+                (None, None) => spread,
+            };
+            let record = NewRecord { timestamp_ms: m.timestamp_ms.unwrap_or(now), key: m.key, value: m.value, headers: m.headers };
+            let batches = per_partition.entry(partition).or_default();
+            let alone = BatchBuilder::new().encoded_len_with(&record);
+            if alone > max_bytes {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "message_too_large",
+                    format!(
+                        "message {i} is {alone} bytes as a record batch, over the topic's max.message.bytes of {max_bytes}"
+                    ),
+                ));
+            }
+            let fits = batches.last().is_some_and(|(_, b)| b.encoded_len_with(&record) <= max_bytes);
+            if !fits {
+                batches.push((0, BatchBuilder::new()));
+            }
+            let batch_index = batches.len() - 1;
+            let Some((count, builder)) = batches.last_mut() else { unreachable!("pushed above") };
+            builder.push(record);
+            slots.push((partition, batch_index, *count));
+            *count += 1;
+        }
+        let mut appends = Vec::new();
+        for (partition, batches) in per_partition {
+            let handle = self.partition(topic, partition).await?;
+            for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
+                let bytes = builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
+                let batch = RecordBatch::parse(bytes)
+                    .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+                let handle = handle.clone();
+                appends.push(async move { (partition, batch_index, batch.record_count(), batch.len_bytes(), handle.append(batch).await) });
+            }
+        }
+        let results = futures::future::join_all(appends).await;
+        let mut bases: HashMap<(u32, usize), u64> = HashMap::new();
+        let mut first_error = None;
+        let labels = Metrics::topic(topic);
+        for (partition, batch_index, count, len, result) in results {
+            match result {
+                Ok((base, _)) => {
+                    bases.insert((partition, batch_index), base);
+                    self.inner.metrics.records_in.get_or_create(&labels).inc_by(u64::from(count));
+                    self.inner.metrics.bytes_in.get_or_create(&labels).inc_by(len as u64);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.inner.appended.notify_waiters();
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        let ids = slots
+            .into_iter()
+            .map(|(p, b, i)| MessageId::new(topic, p, bases[&(p, b)] + i as u64))
+            .collect();
+        self.inner.metrics.produce_latency_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(ids)
+    }
+
+    /// Appends a client-built RecordBatch v2 as it is (checked, then given offsets).
+    pub async fn produce_batch(&self, topic: &str, partition: u32, body: Bytes) -> Result<(u64, u64), ApiError> {
+        let started = Instant::now();
+        let t = self.topic_local(topic)?;
+        if body.len() as u64 > t.config.max_message_bytes {
+            return Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "message_too_large",
+                format!(
+                    "record batch of {} bytes is over the topic's max.message.bytes of {}",
+                    body.len(),
+                    t.config.max_message_bytes
+                ),
+            ));
+        }
+        let batch = RecordBatch::parse(body).map_err(|e| ApiError::bad_request("invalid_record_batch", e.to_string()))?;
+        let (count, len) = (batch.record_count(), batch.len_bytes());
+        let range = self.partition(topic, partition).await?.append(batch).await?;
+        self.inner.appended.notify_waiters();
+        let labels = Metrics::topic(topic);
+        self.inner.metrics.records_in.get_or_create(&labels).inc_by(u64::from(count));
+        self.inner.metrics.bytes_in.get_or_create(&labels).inc_by(len as u64);
+        self.inner.metrics.produce_latency_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(range)
+    }
+
+    /// Reads records of one partition from `offset` without touching any group.
+    pub async fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_records: usize,
+    ) -> Result<(Vec<Record>, u64, u64), ApiError> {
+        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        let max_records = max_records.max(1);
+        let (records, next, hwm, bytes) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+            let mut records = Vec::new();
+            let mut next = offset;
+            let mut bytes = 0usize;
+            let mut hwm = reader.high_watermark();
+            while records.len() < max_records {
+                let r = reader.read(next, READ_BYTES_STEP)?;
+                hwm = r.high_watermark;
+                if r.batches.is_empty() {
+                    break;
+                }
+                for batch in &r.batches {
+                    bytes += batch.len_bytes();
+                    for record in batch.records() {
+                        if record.offset >= next && records.len() < max_records {
+                            next = record.offset + 1;
+                            records.push(record);
+                        }
+                    }
+                }
+                if records.len() < max_records {
+                    next = next.max(r.next_offset);
+                }
+            }
+            Ok((records, next, hwm, bytes))
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
+        let labels = Metrics::topic(topic);
+        self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
+        self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
+        Ok((records, next, hwm))
+    }
+
+    /// The first offset of a partition whose timestamp is at least `timestamp_ms`.
+    pub async fn offset_for_time(&self, topic: &str, partition: u32, timestamp_ms: i64) -> Result<u64, ApiError> {
+        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        Ok(tokio::task::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??)
+    }
+
+    /// Long-polls for messages on behalf of a group member.
+    pub async fn poll(&self, req: PollRequest) -> Result<Vec<Delivered>, ApiError> {
+        if req.max == 0 || req.max > POLL_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_max",
+                format!("max must be between 1 and {POLL_MAX}, got {}", req.max),
+            ));
+        }
+        if req.timeout > POLL_TIMEOUT_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_timeout",
+                format!("timeout may be at most {}s", POLL_TIMEOUT_MAX.as_secs()),
+            ));
+        }
+        if req.session_timeout < Duration::from_secs(1) || req.session_timeout > SESSION_TIMEOUT_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_session_timeout",
+                format!("session timeout must be between 1s and {}s", SESSION_TIMEOUT_MAX.as_secs()),
+            ));
+        }
+        let topic = self.topic_local(&req.topic)?;
+        let deadline = Instant::now() + req.timeout;
+        loop {
+            self.heartbeat(&req).await?;
+            let partitions = self.assigned_partitions(&req, topic.partitions.len() as u32);
+            let notified = self.inner.appended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let delivered = self.collect(&req, &topic, &partitions).await?;
+            if !delivered.is_empty() || Instant::now() >= deadline {
+                return Ok(delivered);
+            }
+            // Wake on new data, on the next lease expiry, or at the deadline (at least every second
+            // so that assignment changes are seen).
+            let mut wake = deadline.min(Instant::now() + Duration::from_secs(1));
+            if let Some(d) = self.earliest_deadline(&req, &partitions) {
+                let now = now_ms();
+                wake = wake.min(Instant::now() + Duration::from_millis(d.saturating_sub(now)));
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
+                _ = self.inner.cancel.cancelled() => return Ok(Vec::new()),
+            }
+        }
+    }
+
+    async fn heartbeat(&self, req: &PollRequest) -> Result<(), ApiError> {
+        let key = (req.group.clone(), req.topic.clone(), req.member.clone());
+        let due = lock(&self.inner.heartbeats)
+            .get(&key)
+            .is_none_or(|last| last.elapsed() >= req.session_timeout / 3);
+        if due {
+            self.inner
+                .metadata
+                .write(Command::JoinGroup {
+                    group: req.group.clone(),
+                    topic: req.topic.clone(),
+                    member: req.member.clone(),
+                    mode: req.mode,
+                    session_timeout_ms: req.session_timeout.as_millis() as u64,
+                    now_ms: now_ms(),
+                })
+                .await?;
+            lock(&self.inner.heartbeats).insert(key, Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Leaves a group so that its partitions go to the remaining members at once.
+    pub async fn leave(&self, group: &str, topic: &str, member: &str) -> Result<(), ApiError> {
+        lock(&self.inner.heartbeats).remove(&(group.to_string(), topic.to_string(), member.to_string()));
+        self.inner
+            .metadata
+            .write(Command::LeaveGroup { group: group.into(), topic: topic.into(), member: member.into() })
+            .await?;
+        Ok(())
+    }
+
+    fn assigned_partitions(&self, req: &PollRequest, count: u32) -> Vec<u32> {
+        match req.mode {
+            GroupMode::Shared => (0..count).collect(),
+            GroupMode::Exclusive => self.inner.metadata.read_local(|s| {
+                s.groups
+                    .get(&req.group)
+                    .and_then(|g| g.topics.get(&req.topic))
+                    .map(|gt| gt.assignment.iter().filter(|(_, m)| **m == req.member).map(|(p, _)| *p).collect())
+                    .unwrap_or_default()
+            }),
+        }
+    }
+
+    fn earliest_deadline(&self, req: &PollRequest, partitions: &[u32]) -> Option<u64> {
+        let cursors = lock(&self.inner.cursors);
+        partitions
+            .iter()
+            .filter_map(|p| cursors.get(&(req.group.clone(), req.topic.clone(), *p)))
+            .filter_map(|c| c.earliest_deadline_ms())
+            .min()
+    }
+
+    fn load_cursor(&self, group: &str, topic: &str, partition: u32, log_start: u64) -> GroupCursor {
+        let (floor, acked) = self.inner.metadata.read_local(|s| {
+            s.groups
+                .get(group)
+                .and_then(|g| g.topics.get(topic))
+                .and_then(|gt| gt.acks.get(&partition))
+                .map(|cp| (cp.floor, cp.acked.clone()))
+                .unwrap_or_default()
+        });
+        GroupCursor::from_checkpoint(floor, &acked, log_start)
+    }
+
+    async fn collect(&self, req: &PollRequest, topic: &Topic, partitions: &[u32]) -> Result<Vec<Delivered>, ApiError> {
+        let max = req.max as usize;
+        let visibility_ms = topic.config.visibility_timeout_ms;
+        let mut out: Vec<Delivered> = Vec::new();
+        if partitions.is_empty() {
+            return Ok(out);
+        }
+        let start = self.inner.spread.fetch_add(1, Ordering::Relaxed) as usize % partitions.len();
+        let order: Vec<u32> = partitions.iter().cycle().skip(start).take(partitions.len()).copied().collect();
+        for &p in &order {
+            if out.len() >= max {
+                break;
+            }
+            let handle = self.partition(&req.topic, p).await?;
+            let reader = Arc::clone(handle.reader());
+            let key: CursorKey = (req.group.clone(), req.topic.clone(), p);
+            // Phase 1: under the lock, decide redeliveries and dead letters.
+            let now = now_ms();
+            let (expired, next_offset) = {
+                let mut cursors = lock(&self.inner.cursors);
+                let cursor = cursors
+                    .entry(key.clone())
+                    .or_insert_with(|| self.load_cursor(&req.group, &req.topic, p, reader.log_start()));
+                let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
+                for e in &expired {
+                    if let Expired::Redeliver { offset, .. } = e {
+                        cursor.redeliver(*offset, now + visibility_ms);
+                    }
+                }
+                (expired, cursor.has_room().then_some(cursor.next_offset()))
+            };
+            // Phase 2: read what phase 1 picked, and new messages, without the lock.
+            for e in expired {
+                match e {
+                    Expired::Redeliver { offset, deliveries } => {
+                        if let Some(record) = self.read_one(&req.topic, p, offset).await? {
+                            out.push(Delivered { partition: p, record, delivery: deliveries });
+                        }
+                    }
+                    Expired::DeadLetter { offset, deliveries } => {
+                        self.dead_letter(req, topic, p, offset, deliveries).await;
+                    }
+                }
+            }
+            let Some(next_offset) = next_offset else { continue };
+            if out.len() >= max || next_offset >= reader.high_watermark() {
+                continue;
+            }
+            let (records, _, _) = self.read(&req.topic, p, next_offset, max - out.len()).await?;
+            // Phase 3: deliver what nobody else took meanwhile.
+            let mut cursors = lock(&self.inner.cursors);
+            let Some(cursor) = cursors.get_mut(&key) else { continue };
+            let deadline = now_ms() + visibility_ms;
+            for record in records {
+                if out.len() >= max || !cursor.has_room() {
+                    break;
+                }
+                if record.offset < cursor.next_offset() {
+                    continue;
+                }
+                if !cursor.wants(record.offset) {
+                    cursor.skip_to(record.offset + 1);
+                    continue;
+                }
+                cursor.skip_to(record.offset);
+                cursor.deliver(record.offset, deadline);
+                out.push(Delivered { partition: p, record, delivery: 1 });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn read_one(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>, ApiError> {
+        let (records, _, _) = self.read(topic, partition, offset, 1).await?;
+        Ok(records.into_iter().find(|r| r.offset == offset))
+    }
+
+    async fn dead_letter(&self, req: &PollRequest, topic: &Topic, partition: u32, offset: u64, deliveries: u32) {
+        let result: Result<(), ApiError> = async {
+            let dlq = format!("{}{DLQ_SUFFIX}", topic.name);
+            if self.topic_local(&dlq).is_err() {
+                match self.create_topic(&dlq, topic.partitions.len() as u32, BTreeMap::new()).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == "topic_exists" => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let Some(record) = self.read_one(&topic.name, partition, offset).await? else {
+                return Ok(());
+            };
+            let id = MessageId::new(topic.name.clone(), partition, offset);
+            let mut headers = record.headers.clone();
+            headers.push(Header { key: "silt.original.id".into(), value: Some(Bytes::from(id.to_string())) });
+            headers.push(Header { key: "silt.group".into(), value: Some(Bytes::from(req.group.clone())) });
+            headers.push(Header { key: "silt.deliveries".into(), value: Some(Bytes::from(deliveries.to_string())) });
+            let message = ProduceMessage {
+                partition: Some(partition),
+                key: record.key.clone(),
+                value: record.value.clone(),
+                headers,
+                timestamp_ms: Some(record.timestamp_ms),
+            };
+            self.produce(&dlq, vec![message]).await?;
+            let key: CursorKey = (req.group.clone(), topic.name.clone(), partition);
+            if let Some(c) = lock(&self.inner.cursors).get_mut(&key) {
+                c.ack(offset);
+            }
+            self.inner.metrics.dead_lettered.get_or_create(&Metrics::topic(&topic.name)).inc();
+            info!(%id, group = %req.group, deliveries, "moved to the dead-letter topic");
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            warn!(error = %e, topic = %topic.name, partition, offset, "moving a message to the dead-letter topic failed; will retry");
+        }
+    }
+
+    /// Acknowledges messages for a group. All ids are checked first: if any is malformed or was
+    /// never delivered to the group, nothing is acknowledged.
+    pub async fn ack(&self, group: &str, ids: &[String]) -> Result<usize, ApiError> {
+        if ids.is_empty() || ids.len() > ACK_IDS_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_ack",
+                format!("an ack request needs between 1 and {ACK_IDS_MAX} ids"),
+            ));
+        }
+        let mut parsed = Vec::with_capacity(ids.len());
+        for id in ids {
+            let id: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| ApiError::bad_request("invalid_id", e.to_string()))?;
+            parsed.push(id);
+        }
+        let mut cursors = lock(&self.inner.cursors);
+        for id in &parsed {
+            let key = (group.to_string(), id.topic.clone(), id.partition);
+            let outcome = cursors.get(&key).map(|c| c.check_ack(id.offset));
+            if outcome.is_none_or(|o| o == AckOutcome::NotDelivered) {
+                // Not in memory: acked before a restart counts as acknowledged.
+                let acked_before = self.inner.metadata.read_local(|s| {
+                    s.groups
+                        .get(group)
+                        .and_then(|g| g.topics.get(&id.topic))
+                        .and_then(|gt| gt.acks.get(&id.partition))
+                        .is_some_and(|cp| cp.is_acked(id.offset))
+                });
+                if !acked_before {
+                    return Err(ApiError::bad_request(
+                        "not_delivered",
+                        format!("message {id} was never delivered to group '{group}'; only delivered messages can be acknowledged"),
+                    ));
+                }
+            }
+        }
+        let mut acked = 0;
+        for id in &parsed {
+            let key = (group.to_string(), id.topic.clone(), id.partition);
+            if let Some(c) = cursors.get_mut(&key) {
+                if c.ack(id.offset) == AckOutcome::Acked {
+                    acked += 1;
+                }
+            }
+        }
+        Ok(acked)
+    }
+
+    /// Lag and delivery state of a group, per topic and partition.
+    pub async fn describe_group(&self, group: &str) -> Result<(GroupMode, BTreeMap<String, Vec<PartitionLag>>, BTreeMap<String, Vec<String>>), ApiError> {
+        let g = self
+            .inner
+            .metadata
+            .read(|s| s.groups.get(group).cloned())
+            .await?
+            .ok_or_else(|| MetadataError::UnknownGroup(group.to_string()))?;
+        let mut out = BTreeMap::new();
+        let mut members = BTreeMap::new();
+        for (topic, gt) in &g.topics {
+            let Ok(t) = self.topic_local(topic) else { continue };
+            let mut lags = Vec::new();
+            for p in 0..t.partitions.len() as u32 {
+                let hwm = self.partition(topic, p).await?.reader().high_watermark();
+                let (floor, in_flight) = match lock(&self.inner.cursors).get(&(group.to_string(), topic.clone(), p)) {
+                    Some(c) => (c.floor(), c.in_flight_len()),
+                    None => (gt.acks.get(&p).map_or(0, |cp| cp.floor), 0),
+                };
+                lags.push(PartitionLag {
+                    partition: p,
+                    member: gt.assignment.get(&p).cloned(),
+                    ack_floor: floor,
+                    high_watermark: hwm,
+                    lag: hwm.saturating_sub(floor),
+                    in_flight,
+                });
+            }
+            out.insert(topic.clone(), lags);
+            members.insert(topic.clone(), gt.members.keys().cloned().collect());
+        }
+        Ok((g.mode, out, members))
+    }
+
+    async fn run_checkpointer(&self) {
+        let mut tick = tokio::time::interval(CHECKPOINT_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => break,
+                _ = tick.tick() => self.checkpoint_acks().await,
+            }
+        }
+    }
+
+    /// Writes every changed ack state to metadata and refreshes the lag gauges.
+    pub async fn checkpoint_acks(&self) {
+        let dirty: Vec<(CursorKey, u64, Vec<(u64, u64)>)> = lock(&self.inner.cursors)
+            .iter_mut()
+            .filter(|(_, c)| c.is_dirty())
+            .map(|(k, c)| {
+                let (floor, acked) = c.take_checkpoint();
+                (k.clone(), floor, acked)
+            })
+            .collect();
+        for ((group, topic, partition), floor, acked) in dirty {
+            let hwm = self
+                .inner
+                .partitions
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(topic.clone(), partition))
+                .map(|(_, h)| h.reader().high_watermark());
+            if let Some(hwm) = hwm {
+                self.inner
+                    .metrics
+                    .consumer_lag_records
+                    .get_or_create(&LagLabels { group: group.clone(), topic: topic.clone(), partition })
+                    .set(hwm.saturating_sub(floor) as i64);
+            }
+            let acked: Vec<(u64, u64)> = acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect();
+            let cmd = Command::CommitAcks { group: group.clone(), topic: topic.clone(), partition, floor, acked };
+            if let Err(e) = self.inner.metadata.write(cmd).await {
+                warn!(error = %e, group, topic, partition, "checkpointing acks failed; will retry");
+                if let Some(c) = lock(&self.inner.cursors).get_mut(&(group, topic, partition)) {
+                    c.mark_dirty();
+                }
+            }
+        }
+    }
+}

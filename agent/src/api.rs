@@ -1,0 +1,442 @@
+//! The agent's HTTP/JSON API (documented in `docs/api.md`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use silt_metadata::state::{GroupMode, Topic};
+use silt_record::{Header, MessageId, Record};
+
+use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
+use crate::error::ApiError;
+
+/// Largest request body the API reads.
+pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
+/// Most records one replay request returns.
+pub const REPLAY_MAX: usize = 10_000;
+
+/// Builds the router for an agent.
+pub fn router(agent: Agent) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/topics", post(create_topic).get(list_topics))
+        .route("/v1/topics/{topic}", get(describe_topic).delete(delete_topic))
+        .route("/v1/topics/{topic}/messages", post(produce))
+        .route("/v1/topics/{topic}/partitions/{partition}/batches", post(produce_batch))
+        .route("/v1/topics/{topic}/partitions/{partition}/messages", get(replay))
+        .route("/v1/topics/{topic}/poll", post(poll))
+        .route("/v1/groups/{group}", get(describe_group))
+        .route("/v1/groups/{group}/ack", post(ack))
+        .route("/v1/groups/{group}/leave", post(leave))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+        .with_state(agent)
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
+    body.map(|Json(v)| v).map_err(|e| ApiError::bad_request("invalid_json", e.body_text()))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("not_found", "no such endpoint; see docs/api.md for the API")
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn metrics(State(agent): State<Agent>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        agent.metrics().encode(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTopic {
+    name: String,
+    #[serde(default = "one")]
+    partitions: u32,
+    #[serde(default)]
+    config: BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A topic as the API shows it.
+#[derive(Serialize)]
+pub struct TopicView {
+    name: String,
+    id: u64,
+    config: BTreeMap<String, String>,
+    partitions: Vec<PartitionView>,
+}
+
+#[derive(Serialize)]
+struct PartitionView {
+    partition: u32,
+    writer: Option<String>,
+    epoch: u64,
+    high_watermark: Option<u64>,
+    segments: Vec<silt_metadata::state::Segment>,
+}
+
+fn topic_view(t: Topic, hwms: Option<Vec<u64>>) -> TopicView {
+    TopicView {
+        name: t.name,
+        id: t.id,
+        config: t.config.to_named(),
+        partitions: t
+            .partitions
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| PartitionView {
+                partition: i as u32,
+                writer: p.writer,
+                epoch: p.epoch,
+                high_watermark: hwms.as_ref().and_then(|h| h.get(i).copied()),
+                segments: p.segments.into_values().collect(),
+            })
+            .collect(),
+    }
+}
+
+async fn create_topic(
+    State(agent): State<Agent>,
+    body: Result<Json<CreateTopic>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<TopicView>)> {
+    let req = json_body(body)?;
+    let topic = agent.create_topic(&req.name, req.partitions, req.config).await?;
+    Ok((StatusCode::CREATED, Json(topic_view(topic, None))))
+}
+
+async fn list_topics(State(agent): State<Agent>) -> ApiResult<Json<serde_json::Value>> {
+    let topics = agent.list_topics().await?;
+    let list: Vec<_> = topics
+        .into_iter()
+        .map(|t| serde_json::json!({ "name": t.name, "partitions": t.partitions.len() }))
+        .collect();
+    Ok(Json(serde_json::json!({ "topics": list })))
+}
+
+async fn describe_topic(State(agent): State<Agent>, Path(topic): Path<String>) -> ApiResult<Json<TopicView>> {
+    let (t, hwms) = agent.describe_topic(&topic).await?;
+    Ok(Json(topic_view(t, Some(hwms))))
+}
+
+async fn delete_topic(State(agent): State<Agent>, Path(topic): Path<String>) -> ApiResult<StatusCode> {
+    agent.delete_topic(&topic).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A header in JSON: the value as UTF-8 text, or base64 when it is not text.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderJson {
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    value_b64: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProduceJson {
+    messages: Vec<MessageJson>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageJson {
+    #[serde(default)]
+    partition: Option<u32>,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    key_b64: Option<String>,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    value_b64: Option<String>,
+    #[serde(default)]
+    headers: Vec<HeaderJson>,
+    #[serde(default)]
+    timestamp: Option<i64>,
+}
+
+fn text_or_b64(i: usize, what: &str, text: Option<String>, b64: Option<String>) -> ApiResult<Option<Bytes>> {
+    match (text, b64) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "invalid_message",
+            format!("message {i}: give {what} or {what}_b64, not both"),
+        )),
+        (Some(t), None) => Ok(Some(Bytes::from(t))),
+        (None, Some(b)) => B64.decode(b.as_bytes()).map(|v| Some(Bytes::from(v))).map_err(|e| {
+            ApiError::bad_request("invalid_message", format!("message {i}: {what}_b64 is not valid base64: {e}"))
+        }),
+        (None, None) => Ok(None),
+    }
+}
+
+async fn produce(
+    State(agent): State<Agent>,
+    Path(topic): Path<String>,
+    body: Result<Json<ProduceJson>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let req = json_body(body)?;
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.into_iter().enumerate() {
+        let mut headers = Vec::with_capacity(m.headers.len());
+        for h in m.headers {
+            headers.push(Header { key: h.key, value: text_or_b64(i, "header value", h.value, h.value_b64)? });
+        }
+        messages.push(ProduceMessage {
+            partition: m.partition,
+            key: text_or_b64(i, "key", m.key, m.key_b64)?,
+            value: text_or_b64(i, "value", m.value, m.value_b64)?,
+            headers,
+            timestamp_ms: m.timestamp,
+        });
+    }
+    let ids = agent.produce(&topic, messages).await?;
+    let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
+    Ok(Json(serde_json::json!({ "ids": ids })))
+}
+
+async fn produce_batch(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let (base, last) = agent.produce_batch(&topic, partition, body).await?;
+    Ok(Json(serde_json::json!({
+        "base_offset": base,
+        "last_offset": last,
+        "first_id": MessageId::new(topic, partition, base).to_string(),
+    })))
+}
+
+/// A message as the API returns it.
+#[derive(Serialize)]
+pub struct MessageOut {
+    id: String,
+    topic: String,
+    partition: u32,
+    offset: u64,
+    timestamp: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_b64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_b64: Option<String>,
+    headers: Vec<HeaderJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delivery: Option<u32>,
+}
+
+fn split(bytes: Option<Bytes>) -> (Option<String>, Option<String>) {
+    match bytes {
+        None => (None, None),
+        Some(b) => match std::str::from_utf8(&b) {
+            Ok(s) => (Some(s.to_string()), None),
+            Err(_) => (None, Some(B64.encode(&b))),
+        },
+    }
+}
+
+fn message_out(topic: &str, partition: u32, record: Record, delivery: Option<u32>) -> MessageOut {
+    let (key, key_b64) = split(record.key);
+    let (value, value_b64) = split(record.value);
+    MessageOut {
+        id: MessageId::new(topic, partition, record.offset).to_string(),
+        topic: topic.to_string(),
+        partition,
+        offset: record.offset,
+        timestamp: record.timestamp_ms,
+        key,
+        key_b64,
+        value,
+        value_b64,
+        headers: record
+            .headers
+            .into_iter()
+            .map(|h| {
+                let (value, value_b64) = split(h.value);
+                HeaderJson { key: h.key, value, value_b64 }
+            })
+            .collect(),
+        delivery,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayParams {
+    #[serde(default)]
+    from_offset: Option<u64>,
+    #[serde(default)]
+    from_time: Option<i64>,
+    #[serde(default = "replay_default_max")]
+    max: usize,
+}
+
+fn replay_default_max() -> usize {
+    1000
+}
+
+async fn replay(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<ReplayParams>, QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = query(params)?;
+    if p.max == 0 || p.max > REPLAY_MAX {
+        return Err(ApiError::bad_request(
+            "invalid_max",
+            format!("max must be between 1 and {REPLAY_MAX}, got {}", p.max),
+        ));
+    }
+    let from = match (p.from_offset, p.from_time) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("invalid_query", "give from_offset or from_time, not both"));
+        }
+        (Some(o), None) => o,
+        (None, Some(t)) => agent.offset_for_time(&topic, partition, t).await?,
+        (None, None) => 0,
+    };
+    let (records, next, hwm) = agent.read(&topic, partition, from, p.max).await?;
+    let messages: Vec<MessageOut> = records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
+    Ok(Json(serde_json::json!({ "messages": messages, "next_offset": next, "high_watermark": hwm })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollJson {
+    group: String,
+    #[serde(default = "default_member")]
+    member: String,
+    #[serde(default = "default_mode")]
+    mode: GroupMode,
+    #[serde(default = "default_poll_max")]
+    max: u32,
+    #[serde(default)]
+    timeout_ms: u64,
+    #[serde(default = "default_session_ms")]
+    session_timeout_ms: u64,
+}
+
+fn default_member() -> String {
+    "default".into()
+}
+fn default_mode() -> GroupMode {
+    GroupMode::Exclusive
+}
+fn default_poll_max() -> u32 {
+    100
+}
+fn default_session_ms() -> u64 {
+    30_000
+}
+
+async fn poll(
+    State(agent): State<Agent>,
+    Path(topic): Path<String>,
+    body: Result<Json<PollJson>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let req = json_body(body)?;
+    let delivered = agent
+        .poll(PollRequest {
+            topic: topic.clone(),
+            group: req.group,
+            member: req.member,
+            mode: req.mode,
+            max: req.max,
+            timeout: Duration::from_millis(req.timeout_ms),
+            session_timeout: Duration::from_millis(req.session_timeout_ms),
+        })
+        .await?;
+    let messages: Vec<MessageOut> = delivered
+        .into_iter()
+        .map(|Delivered { partition, record, delivery }| message_out(&topic, partition, record, Some(delivery)))
+        .collect();
+    Ok(Json(serde_json::json!({ "messages": messages })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckJson {
+    ids: Vec<String>,
+}
+
+async fn ack(
+    State(agent): State<Agent>,
+    Path(group): Path<String>,
+    body: Result<Json<AckJson>, JsonRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let req = json_body(body)?;
+    let acked = agent.ack(&group, &req.ids).await?;
+    Ok(Json(serde_json::json!({ "acked": acked })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaveJson {
+    topic: String,
+    member: String,
+}
+
+async fn leave(
+    State(agent): State<Agent>,
+    Path(group): Path<String>,
+    body: Result<Json<LeaveJson>, JsonRejection>,
+) -> ApiResult<StatusCode> {
+    let req = json_body(body)?;
+    agent.leave(&group, &req.topic, &req.member).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn describe_group(State(agent): State<Agent>, Path(group): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    let (mode, lags, members) = agent.describe_group(&group).await?;
+    let topics: BTreeMap<String, serde_json::Value> = lags
+        .into_iter()
+        .map(|(topic, partitions)| {
+            let total: u64 = partitions.iter().map(|p| p.lag).sum();
+            let m = members.get(&topic).cloned().unwrap_or_default();
+            (topic, serde_json::json!({ "members": m, "lag": total, "partitions": partitions }))
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "group": group, "mode": mode, "topics": topics })))
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    agent: Agent,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(agent)).with_graceful_shutdown(shutdown).await
+}

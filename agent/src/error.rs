@@ -1,0 +1,160 @@
+//! Errors of the agent: storage errors inside, and the stable API error at the edge.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use silt_metadata::MetadataError;
+
+/// Errors of the local segment store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// Which file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A read failed.
+    #[error("reading the log: {0}")]
+    Read(io::Error),
+    /// fsync failed. The replica must stop accepting writes: the kernel may have dropped pages.
+    #[error("fsync of {path} failed: {source}; this replica stops accepting writes")]
+    FsyncFailed {
+        /// Which file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Recovery found damage it cannot repair by truncating a torn tail.
+    #[error("{path} is corrupt at byte {position}: {reason}")]
+    Corrupt {
+        /// Which file.
+        path: PathBuf,
+        /// Byte position.
+        position: u64,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A read hit a batch that fails its checks; it is never served.
+    #[error("the batch at byte {position} of the segment at offset {base_offset} is corrupt ({reason}); it is not served")]
+    CorruptRead {
+        /// The segment's base offset.
+        base_offset: u64,
+        /// Byte position.
+        position: u64,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The offset is no longer (or not yet) on this agent's disk.
+    #[error("offset {offset} is out of range: this partition holds offsets {log_start} to {high_watermark} locally")]
+    OutOfRange {
+        /// Requested offset.
+        offset: u64,
+        /// First local offset.
+        log_start: u64,
+        /// End of the log.
+        high_watermark: u64,
+    },
+    /// The partition stopped accepting writes after a fatal error.
+    #[error("partition is failed and accepts no writes: {0}")]
+    Failed(String),
+    /// The partition is shutting down.
+    #[error("the partition is shutting down")]
+    ShuttingDown,
+    /// The metadata service refused or failed a change the log depends on.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+}
+
+impl StoreError {
+    pub(crate) fn io(path: &Path, op: &'static str, source: io::Error) -> Self {
+        StoreError::Io { op, path: path.to_path_buf(), source }
+    }
+    pub(crate) fn io_read(source: io::Error) -> Self {
+        StoreError::Read(source)
+    }
+}
+
+/// The error a client sees: an HTTP status, a stable code and a sentence to act on.
+#[derive(Debug, Clone, Serialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    #[serde(skip)]
+    status: u16,
+    /// Stable, machine-readable code (`unknown_topic`, `message_too_large`, ...).
+    pub code: &'static str,
+    /// What went wrong and what to do.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with an explicit status.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: status.as_u16(), code, message: message.into() }
+    }
+    /// 400 with a code.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+    /// 404 with a code.
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, code, message)
+    }
+    /// 503: try again later.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl From<MetadataError> for ApiError {
+    fn from(e: MetadataError) -> Self {
+        let msg = e.to_string();
+        match e {
+            MetadataError::UnknownTopic(_) => ApiError::not_found("unknown_topic", msg),
+            MetadataError::UnknownPartition { .. } => ApiError::not_found("unknown_partition", msg),
+            MetadataError::UnknownGroup(_) => ApiError::not_found("unknown_group", msg),
+            MetadataError::TopicExists(_) => ApiError::new(StatusCode::CONFLICT, "topic_exists", msg),
+            MetadataError::GroupModeMismatch { .. } => ApiError::new(StatusCode::CONFLICT, "group_mode_mismatch", msg),
+            MetadataError::InvalidConfig(_) => ApiError::bad_request("invalid_config", msg),
+            MetadataError::InvalidArgument(_) => ApiError::bad_request("invalid_argument", msg),
+            MetadataError::Fenced { .. } => ApiError::unavailable(format!("{msg}; the partition changed writer, retry")),
+            MetadataError::Unavailable(_) => ApiError::unavailable(msg),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Metadata(m) => m.into(),
+            StoreError::CorruptRead { .. } => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", e.to_string())
+            }
+            StoreError::ShuttingDown => ApiError::unavailable(e.to_string()),
+            StoreError::OutOfRange { .. } => ApiError::bad_request("offset_out_of_range", e.to_string()),
+            other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a ApiError,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(ErrorBody { error: &self })).into_response()
+    }
+}

@@ -1,0 +1,102 @@
+//! The agent's Prometheus metrics, named `silt_agent_<what>_<unit>`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels for per-topic counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// Topic name.
+    pub topic: String,
+}
+
+/// Labels for consumer lag.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LagLabels {
+    /// Group name.
+    pub group: String,
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Time from receiving a produce request to answering it, after fsync.
+    pub produce_latency_seconds: Histogram,
+    /// Time of one group commit (write + fsync).
+    pub fsync_seconds: Histogram,
+    /// Records appended.
+    pub records_in: Family<TopicLabels, Counter>,
+    /// Bytes appended (record batch bytes).
+    pub bytes_in: Family<TopicLabels, Counter>,
+    /// Records delivered to consumers and replays.
+    pub records_out: Family<TopicLabels, Counter>,
+    /// Bytes delivered (record batch bytes read).
+    pub bytes_out: Family<TopicLabels, Counter>,
+    /// Records between a group's ack floor and the end of the partition.
+    pub consumer_lag_records: Family<LagLabels, Gauge>,
+    /// Messages moved to a dead-letter topic.
+    pub dead_lettered: Family<TopicLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("silt_agent");
+        let produce_latency_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        let fsync_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
+        let records_in = Family::<TopicLabels, Counter>::default();
+        let bytes_in = Family::<TopicLabels, Counter>::default();
+        let records_out = Family::<TopicLabels, Counter>::default();
+        let bytes_out = Family::<TopicLabels, Counter>::default();
+        let consumer_lag_records = Family::<LagLabels, Gauge>::default();
+        let dead_lettered = Family::<TopicLabels, Counter>::default();
+        registry.register("produce_latency_seconds", "Produce request latency until acknowledged (after fsync)", produce_latency_seconds.clone());
+        registry.register("fsync_seconds", "Duration of one group commit: write and fsync", fsync_seconds.clone());
+        registry.register("records_in", "Records appended", records_in.clone());
+        registry.register("bytes_in", "Record batch bytes appended", bytes_in.clone());
+        registry.register("records_out", "Records delivered to consumers and replays", records_out.clone());
+        registry.register("bytes_out", "Record batch bytes read for consumers and replays", bytes_out.clone());
+        registry.register("consumer_lag_records", "Records between a group's ack floor and the partition end", consumer_lag_records.clone());
+        registry.register("dead_lettered", "Messages moved to a dead-letter topic", dead_lettered.clone());
+        Metrics {
+            registry,
+            produce_latency_seconds,
+            fsync_seconds,
+            records_in,
+            bytes_in,
+            records_out,
+            bytes_out,
+            consumer_lag_records,
+            dead_lettered,
+        }
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Labels for a topic.
+    pub fn topic(topic: &str) -> TopicLabels {
+        TopicLabels { topic: topic.to_string() }
+    }
+}

@@ -1,0 +1,475 @@
+//! The writer of one partition: a task that owns the [`PartitionLog`], group-commits
+//! appends (many batches, one fsync), rolls segments on size and age and records every
+//! segment change in metadata under the partition's epoch.
+//!
+//! An append is answered only after the fsync that covers it. A failed write or fsync is
+//! fatal for the partition on this agent: it stops accepting writes instead of retrying
+//! (after a failed fsync the kernel may already have dropped the pages).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use silt_metadata::{Command, MetadataNode};
+use silt_record::RecordBatch;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, info_span, warn, Instrument};
+
+use crate::error::StoreError;
+use crate::metrics::Metrics;
+use crate::partition_log::{PartitionLog, PartitionReader};
+
+/// Most bytes of appends waiting for one partition's writer; producers wait beyond that.
+pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Most bytes written between two fsyncs.
+pub const GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Most appends answered by one fsync.
+pub const GROUP_APPENDS_MAX: usize = 1024;
+
+/// What a writer needs to know about its partition.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Agent id recorded as writer and ensemble member.
+    pub agent_id: String,
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// Roll when the active segment would grow past this.
+    pub segment_bytes: u64,
+    /// Roll when the active segment's first record is this old.
+    pub segment_ms: u64,
+}
+
+struct AppendRequest {
+    batch: RecordBatch,
+    reply: oneshot::Sender<Result<(u64, u64), StoreError>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// A cheap, cloneable handle to append to and read from a partition.
+#[derive(Debug, Clone)]
+pub struct PartitionHandle {
+    tx: mpsc::Sender<AppendRequest>,
+    queued_bytes: Arc<Semaphore>,
+    reader: Arc<PartitionReader>,
+    epoch: u64,
+}
+
+impl std::fmt::Debug for AppendRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendRequest").field("bytes", &self.batch.len_bytes()).finish()
+    }
+}
+
+impl PartitionHandle {
+    /// Appends a validated batch. Returns its first and last offset once it is durable.
+    pub async fn append(&self, batch: RecordBatch) -> Result<(u64, u64), StoreError> {
+        let bytes = batch.len_bytes().clamp(1, QUEUED_BYTES_MAX) as u32;
+        let permit = Arc::clone(&self.queued_bytes)
+            .acquire_many_owned(bytes)
+            .await
+            .map_err(|_| StoreError::ShuttingDown)?;
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(AppendRequest { batch, reply, _permit: permit })
+            .await
+            .map_err(|_| StoreError::ShuttingDown)?;
+        rx.await.map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// The read half of the log.
+    pub fn reader(&self) -> &Arc<PartitionReader> {
+        &self.reader
+    }
+
+    /// The epoch this agent writes under.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+struct PartitionWriter {
+    log: Option<PartitionLog>,
+    config: WriterConfig,
+    metadata: MetadataNode,
+    metrics: Arc<Metrics>,
+    epoch: u64,
+    failed: Option<String>,
+    /// A segment sealed on disk whose seal (and successor's open) metadata has not recorded yet.
+    roll_pending: Option<SealedSummary>,
+    first_append_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct SealedSummary {
+    base_offset: u64,
+    record_count: u64,
+    size_bytes: u64,
+    min_timestamp_ms: Option<i64>,
+    max_timestamp_ms: Option<i64>,
+    next_base: u64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Claims the partition for this agent (bumping its epoch), reconciles the recovered log with
+/// the metadata's segment chain and starts the writer task.
+pub async fn start(
+    log: PartitionLog,
+    config: WriterConfig,
+    metadata: MetadataNode,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> Result<(PartitionHandle, JoinHandle<()>), StoreError> {
+    let epoch = match metadata
+        .write(Command::ClaimWriter {
+            topic: config.topic.clone(),
+            partition: config.partition,
+            agent: config.agent_id.clone(),
+            expected_epoch: None,
+        })
+        .await?
+    {
+        silt_metadata::Response::Epoch { epoch } => epoch,
+        other => {
+            return Err(StoreError::Failed(format!("unexpected metadata reply to a writer claim: {other:?}")));
+        }
+    };
+    let reader = log.reader();
+    let mut writer = PartitionWriter {
+        log: Some(log),
+        config,
+        metadata,
+        metrics,
+        epoch,
+        failed: None,
+        roll_pending: None,
+        first_append_at: None,
+    };
+    writer.reconcile().await?;
+    let (tx, rx) = mpsc::channel(GROUP_APPENDS_MAX);
+    let handle = PartitionHandle { tx, queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)), reader, epoch };
+    let span = info_span!("partition_writer", topic = %writer.config.topic, partition = writer.config.partition, epoch);
+    let task = tokio::spawn(writer.run(rx, cancel).instrument(span));
+    Ok((handle, task))
+}
+
+impl PartitionWriter {
+    fn log(&self) -> &PartitionLog {
+        // The log is only taken out while a blocking write runs, and put back before any
+        // other method can run.
+        self.log.as_ref().expect("partition log is present outside blocking sections")
+    }
+
+    /// After a restart the writer has changed (a new epoch), so the segment that was open is
+    /// sealed at the end this replica recovered and a new one is opened after it.
+    async fn reconcile(&mut self) -> Result<(), StoreError> {
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition);
+        let meta = self
+            .metadata
+            .read(|s| s.topic(&topic).map(|t| t.partitions.get(partition as usize).cloned()))
+            .await??
+            .ok_or_else(|| StoreError::Metadata(silt_metadata::MetadataError::UnknownPartition {
+                topic: topic.clone(),
+                partition,
+            }))?;
+        if let Some(open) = meta.open_segment() {
+            let summary = self
+                .log()
+                .segments()
+                .iter()
+                .find(|s| s.base_offset() == open.base_offset)
+                .map(|s| SealedSummary {
+                    base_offset: s.base_offset(),
+                    record_count: s.next_offset() - s.base_offset(),
+                    size_bytes: s.size_bytes(),
+                    min_timestamp_ms: s.min_timestamp_ms(),
+                    max_timestamp_ms: s.max_timestamp_ms(),
+                    next_base: s.next_offset(),
+                })
+                .unwrap_or(SealedSummary {
+                    base_offset: open.base_offset,
+                    record_count: 0,
+                    size_bytes: 0,
+                    min_timestamp_ms: None,
+                    max_timestamp_ms: None,
+                    next_base: open.base_offset,
+                });
+            self.metadata.write(self.seal_command(&summary)).await?;
+        }
+        let next_base = self
+            .metadata
+            .read(|s| s.topic(&topic).map(|t| t.partitions[partition as usize].next_segment_base()))
+            .await??;
+        let local_next = self.log().next_offset();
+        if local_next != next_base {
+            return Err(StoreError::Failed(format!(
+                "local log of {topic}/{partition} ends at offset {local_next} but metadata says the next segment starts at {next_base}; refusing to serve a log that disagrees with metadata"
+            )));
+        }
+        if self.log().active().record_count() > 0 {
+            let mut log = self.log.take().expect("present");
+            let (log, result) = tokio::task::spawn_blocking(move || {
+                let r = log.roll();
+                (log, r)
+            })
+            .await
+            .map_err(|e| StoreError::Failed(format!("roll task panicked: {e}")))?;
+            self.log = Some(log);
+            result?;
+        }
+        self.metadata.write(self.open_command()).await?;
+        Ok(())
+    }
+
+    fn seal_command(&self, s: &SealedSummary) -> Command {
+        Command::SealSegment {
+            topic: self.config.topic.clone(),
+            partition: self.config.partition,
+            epoch: self.epoch,
+            base_offset: s.base_offset,
+            record_count: s.record_count,
+            size_bytes: s.size_bytes,
+            min_timestamp_ms: s.min_timestamp_ms,
+            max_timestamp_ms: s.max_timestamp_ms,
+            now_ms: now_ms(),
+        }
+    }
+
+    fn open_command(&self) -> Command {
+        Command::OpenSegment {
+            topic: self.config.topic.clone(),
+            partition: self.config.partition,
+            epoch: self.epoch,
+            base_offset: self.log().next_offset(),
+            ensemble: vec![self.config.agent_id.clone()],
+            now_ms: now_ms(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<AppendRequest>, cancel: CancellationToken) {
+        let tick_ms = (self.config.segment_ms / 4).clamp(25, 1000);
+        let mut tick = tokio::time::interval(Duration::from_millis(tick_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                r = rx.recv() => match r {
+                    Some(r) => r,
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    self.roll_if_old().await;
+                    continue;
+                }
+            };
+            let mut group = vec![first];
+            let mut bytes = group[0].batch.len_bytes();
+            while bytes < GROUP_BYTES_MAX && group.len() < GROUP_APPENDS_MAX {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        bytes += r.batch.len_bytes();
+                        group.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.process(group).await;
+        }
+        // Drain: everything already queued is written (or refused) before the task ends.
+        rx.close();
+        let mut rest = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            rest.push(r);
+        }
+        if !rest.is_empty() {
+            self.process(rest).await;
+        }
+        info!("partition writer stopped");
+    }
+
+    async fn process(&mut self, group: Vec<AppendRequest>) {
+        let mut pending = group.into_iter().peekable();
+        while pending.peek().is_some() {
+            if let Err(e) = self.finish_pending_roll().await {
+                for r in pending {
+                    let _ = r.reply.send(Err(StoreError::Failed(e.to_string())));
+                }
+                return;
+            }
+            if let Some(reason) = &self.failed {
+                for r in pending {
+                    let _ = r.reply.send(Err(StoreError::Failed(reason.clone())));
+                }
+                return;
+            }
+            let active_bytes = self.log().active().size_bytes();
+            let mut size = active_bytes;
+            let mut chunk = Vec::new();
+            while let Some(r) = pending.peek() {
+                let len = r.batch.len_bytes() as u64;
+                if size > 0 && size + len > self.config.segment_bytes {
+                    break;
+                }
+                size += len;
+                chunk.extend(pending.next());
+            }
+            if chunk.is_empty() {
+                self.roll().await;
+                continue;
+            }
+            let batches: Vec<RecordBatch> = chunk.iter().map(|r| r.batch.clone()).collect();
+            let epoch = self.epoch;
+            let mut log = self.log.take().expect("present");
+            let started = Instant::now();
+            let joined = tokio::task::spawn_blocking(move || {
+                let r = log.append_and_sync(batches, epoch);
+                (log, r)
+            })
+            .await;
+            let (log, result) = match joined {
+                Ok(v) => v,
+                Err(e) => {
+                    // The log moved into the panicked task; nothing more can be written here.
+                    error!(error = %e, "append task panicked; the partition stops accepting writes");
+                    self.failed = Some(format!("append task panicked: {e}"));
+                    for r in chunk.into_iter().chain(pending) {
+                        let _ = r.reply.send(Err(StoreError::Failed("append task panicked".into())));
+                    }
+                    return;
+                }
+            };
+            self.metrics.fsync_seconds.observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(ranges) => {
+                    log.publish();
+                    self.log = Some(log);
+                    self.first_append_at.get_or_insert_with(Instant::now);
+                    for (r, range) in chunk.into_iter().zip(ranges) {
+                        let _ = r.reply.send(Ok(range));
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "write failed; the partition stops accepting writes on this agent");
+                    self.failed = Some(e.to_string());
+                    self.log = Some(log);
+                    for r in chunk {
+                        let _ = r.reply.send(Err(StoreError::Failed(e.to_string())));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn roll_if_old(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.roll_pending.is_some() {
+            if let Err(e) = self.finish_pending_roll().await {
+                warn!(error = %e, "recording a segment roll in metadata failed; will retry");
+            }
+            return;
+        }
+        let old = self
+            .first_append_at
+            .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
+        if old && self.log().active().record_count() > 0 {
+            self.roll().await;
+        }
+    }
+
+    /// Seals the active segment on disk and records the seal and the new segment in metadata.
+    async fn roll(&mut self) {
+        let s = self.log().active();
+        let summary = SealedSummary {
+            base_offset: s.base_offset(),
+            record_count: s.next_offset() - s.base_offset(),
+            size_bytes: s.size_bytes(),
+            min_timestamp_ms: s.min_timestamp_ms(),
+            max_timestamp_ms: s.max_timestamp_ms(),
+            next_base: s.next_offset(),
+        };
+        let mut log = self.log.take().expect("present");
+        let joined = tokio::task::spawn_blocking(move || {
+            let r = log.roll();
+            (log, r)
+        })
+        .await;
+        match joined {
+            Ok((log, Ok(()))) => {
+                self.log = Some(log);
+                self.first_append_at = None;
+                info!(base_offset = summary.base_offset, records = summary.record_count, "segment sealed");
+                self.roll_pending = Some(summary);
+                if let Err(e) = self.finish_pending_roll().await {
+                    warn!(error = %e, "recording a segment roll in metadata failed; will retry");
+                }
+            }
+            Ok((log, Err(e))) => {
+                error!(error = %e, "sealing a segment failed; the partition stops accepting writes");
+                self.failed = Some(e.to_string());
+                self.log = Some(log);
+            }
+            Err(e) => {
+                error!(error = %e, "roll task panicked; the partition stops accepting writes");
+                self.failed = Some(format!("roll task panicked: {e}"));
+            }
+        }
+    }
+
+    async fn finish_pending_roll(&mut self) -> Result<(), StoreError> {
+        let Some(summary) = self.roll_pending.clone() else { return Ok(()) };
+        let sealed = self.metadata.write(self.seal_command(&summary)).await;
+        match sealed {
+            Ok(_) => {}
+            // A retry after a lost reply finds the segment already sealed; go on to the open.
+            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_sealed_in_metadata(&summary).await => {}
+            Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
+                self.failed = Some(format!("fenced: epoch {expected} was superseded by {actual}"));
+                return Err(StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual }));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        match self.metadata.write(self.open_command()).await {
+            Ok(_) => {}
+            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_open_in_metadata(summary.next_base).await => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.roll_pending = None;
+        Ok(())
+    }
+
+    async fn is_sealed_in_metadata(&self, s: &SealedSummary) -> bool {
+        let (topic, partition, base) = (self.config.topic.clone(), self.config.partition as usize, s.base_offset);
+        self.metadata
+            .read(move |st| {
+                st.topics.get(&topic).and_then(|t| t.partitions.get(partition)).is_some_and(|p| {
+                    p.segments.get(&base).is_none_or(|seg| seg.state != silt_metadata::state::SegmentState::Open)
+                })
+            })
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn is_open_in_metadata(&self, base: u64) -> bool {
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
+        self.metadata
+            .read(move |st| {
+                st.topics
+                    .get(&topic)
+                    .and_then(|t| t.partitions.get(partition))
+                    .and_then(|p| p.open_segment())
+                    .is_some_and(|seg| seg.base_offset == base)
+            })
+            .await
+            .unwrap_or(false)
+    }
+}

@@ -1,0 +1,517 @@
+//! One segment of a partition's log on local disk: a file of record batches, a sparse
+//! offset index and a time index.
+//!
+//! Files, named by the segment's base offset (20 digits, so they sort):
+//! - `{base}.log`: record batches (Kafka RecordBatch v2) back to back, nothing else.
+//! - `{base}.index`: written when the segment is sealed; `(offset u64, position u64)` pairs
+//!   every [`INDEX_INTERVAL_BYTES`], then a CRC-32C of the entries.
+//! - `{base}.timeindex`: written at seal; `(max timestamp so far i64, offset u64)` pairs at
+//!   the same points, then a CRC-32C.
+//!
+//! The open segment keeps its indexes in memory only; recovery rebuilds them by scanning the
+//! log file, checking every batch's CRC. Index files of a sealed segment that are missing or
+//! fail their checksum are rebuilt the same way.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use bytes::BytesMut;
+use silt_record::{peek_batch_len, RecordBatch, LOG_OVERHEAD};
+use tracing::{error, warn};
+
+use crate::error::StoreError;
+
+/// An index entry is added at most every this many bytes of log.
+pub const INDEX_INTERVAL_BYTES: u64 = 4096;
+/// Largest batch the store frames; anything claiming to be larger is corruption.
+pub const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
+
+/// What a recovery scan found in a log file.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ScanReport {
+    /// Bytes of valid log.
+    pub valid_bytes: u64,
+    /// Bytes cut off the end (a torn write that was never acknowledged).
+    pub truncated_bytes: u64,
+    /// Byte ranges in the middle whose batches fail their CRC; never served.
+    pub corrupt_ranges: Vec<(u64, u64)>,
+}
+
+/// Location of a batch within a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// First offset of the batch.
+    pub offset: u64,
+    /// Byte position of the batch in the log file.
+    pub position: u64,
+}
+
+/// Time index entry: every batch at or after `offset` has timestamps after those before it
+/// that are no larger than `max_timestamp_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeIndexEntry {
+    /// Largest timestamp in the segment up to (excluding) the batch at `offset`.
+    pub max_timestamp_ms: i64,
+    /// First offset of the indexed batch.
+    pub offset: u64,
+}
+
+/// One segment. Appends and reads use positional I/O on one shared file handle, so readers
+/// never block the writer; the caller publishes `size_bytes` only after an fsync.
+#[derive(Debug)]
+pub struct Segment {
+    base_offset: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    /// Bytes written (not necessarily durable until `sync`).
+    size_bytes: u64,
+    /// Offset the next appended batch gets.
+    next_offset: u64,
+    record_count: u64,
+    min_timestamp_ms: Option<i64>,
+    max_timestamp_ms: Option<i64>,
+    index: Arc<RwLock<Vec<IndexEntry>>>,
+    time_index: Arc<RwLock<Vec<TimeIndexEntry>>>,
+    last_indexed_position: Option<u64>,
+    corrupt_ranges: Vec<(u64, u64)>,
+}
+
+/// Everything a reader needs to read a segment without holding any lock.
+#[derive(Debug, Clone)]
+pub struct SegmentView {
+    /// First offset.
+    pub base_offset: u64,
+    /// One past the last readable offset.
+    pub end_offset: u64,
+    /// Readable bytes.
+    pub size_bytes: u64,
+    /// Shared file handle.
+    pub file: Arc<File>,
+    /// Sparse offset index, shared with the writer; it may hold entries past `size_bytes`.
+    pub index: Arc<RwLock<Vec<IndexEntry>>>,
+    /// Sparse time index, shared with the writer.
+    pub time_index: Arc<RwLock<Vec<TimeIndexEntry>>>,
+}
+
+pub(crate) fn log_file_name(base_offset: u64) -> String {
+    format!("{base_offset:020}.log")
+}
+
+impl Segment {
+    /// Creates a new, empty segment file and fsyncs its directory.
+    pub fn create(dir: &Path, base_offset: u64) -> Result<Segment, StoreError> {
+        let path = dir.join(log_file_name(base_offset));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, "create", e))?;
+        sync_dir(dir)?;
+        Ok(Segment::new(base_offset, path, file))
+    }
+
+    fn new(base_offset: u64, path: PathBuf, file: File) -> Segment {
+        Segment {
+            base_offset,
+            path,
+            file: Arc::new(file),
+            size_bytes: 0,
+            next_offset: base_offset,
+            record_count: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            index: Arc::default(),
+            time_index: Arc::default(),
+            last_indexed_position: None,
+            corrupt_ranges: Vec::new(),
+        }
+    }
+
+    /// Opens an existing segment. A sealed segment with valid index files is loaded from them;
+    /// otherwise (the open segment, or missing indexes) the log is scanned, every batch's CRC
+    /// checked, and a torn tail truncated.
+    pub fn open(path: &Path, base_offset: u64, sealed: bool) -> Result<(Segment, ScanReport), StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| StoreError::io(path, "open", e))?;
+        let mut segment = Segment::new(base_offset, path.to_path_buf(), file);
+        if sealed {
+            if let Some(()) = segment.load_indexes()? {
+                let report = ScanReport { valid_bytes: segment.size_bytes, ..Default::default() };
+                return Ok((segment, report));
+            }
+            warn!(path = %path.display(), "index files missing or damaged; rebuilding by scanning the log");
+        }
+        let report = segment.scan()?;
+        Ok((segment, report))
+    }
+
+    /// Scans the whole file, rebuilding the in-memory state. Truncates a torn tail.
+    fn scan(&mut self) -> Result<ScanReport, StoreError> {
+        let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
+        let mut report = ScanReport::default();
+        let mut position = 0u64;
+        while position < len {
+            match self.read_batch_at(position, len) {
+                Ok(batch) => {
+                    if batch.base_offset() != self.next_offset && self.record_count > 0 {
+                        // Offsets must be contiguous within a segment; anything else is damage.
+                        return Err(StoreError::Corrupt {
+                            path: self.path.clone(),
+                            position,
+                            reason: format!(
+                                "batch at byte {position} starts at offset {} but offset {} was expected",
+                                batch.base_offset(),
+                                self.next_offset
+                            ),
+                        });
+                    }
+                    let len_bytes = batch.len_bytes() as u64;
+                    self.note_batch(position, &batch);
+                    position += len_bytes;
+                }
+                Err(reason) => match self.resync(position, len) {
+                    Some((next_position, next_offset)) => {
+                        error!(
+                            path = %self.path.display(),
+                            from = position,
+                            to = next_position,
+                            %reason,
+                            "corrupt batch in the middle of a segment; it will never be served"
+                        );
+                        report.corrupt_ranges.push((position, next_position));
+                        self.corrupt_ranges.push((position, next_position));
+                        // The damaged batch's offsets are lost to this replica; skip them.
+                        self.next_offset = next_offset;
+                        position = next_position;
+                    }
+                    None => {
+                        warn!(
+                            path = %self.path.display(),
+                            at = position,
+                            bytes = len - position,
+                            %reason,
+                            "truncating a torn tail that was never acknowledged"
+                        );
+                        self.file.set_len(position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+                        self.file.sync_all().map_err(|e| StoreError::io(&self.path, "fsync", e))?;
+                        report.truncated_bytes = len - position;
+                        break;
+                    }
+                },
+            }
+        }
+        self.size_bytes = position;
+        report.valid_bytes = position;
+        Ok(report)
+    }
+
+    /// After a bad batch at `position`, looks for a later valid batch. Finding one means the
+    /// damage is in the middle (not a torn tail) and must not be truncated away.
+    fn resync(&self, position: u64, len: u64) -> Option<(u64, u64)> {
+        const MAGIC_AT: u64 = 16;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut start = position + 1;
+        while start + MAGIC_AT < len {
+            let n = self.file.read_at(&mut buf, start).ok()?;
+            if n == 0 {
+                return None;
+            }
+            for i in 0..n {
+                let candidate = start + i as u64;
+                if buf.get(i + MAGIC_AT as usize) != Some(&2) && (i + MAGIC_AT as usize) < n {
+                    continue;
+                }
+                if let Ok(batch) = self.read_batch_at(candidate, len) {
+                    if batch.base_offset() >= self.next_offset {
+                        return Some((candidate, batch.base_offset()));
+                    }
+                }
+            }
+            start += n as u64;
+        }
+        None
+    }
+
+    /// Reads and fully validates the batch at `position`.
+    fn read_batch_at(&self, position: u64, len: u64) -> Result<RecordBatch, String> {
+        let mut head = [0u8; LOG_OVERHEAD];
+        if position + LOG_OVERHEAD as u64 > len {
+            return Err("incomplete batch header".into());
+        }
+        self.file.read_exact_at(&mut head, position).map_err(|e| e.to_string())?;
+        let batch_len = peek_batch_len(&head).ok_or("batch length field is invalid")?;
+        if batch_len > BATCH_BYTES_MAX || position + batch_len as u64 > len {
+            return Err(format!("batch of {batch_len} bytes runs past the end of the file"));
+        }
+        let mut buf = BytesMut::zeroed(batch_len);
+        self.file.read_exact_at(&mut buf, position).map_err(|e| e.to_string())?;
+        RecordBatch::parse(buf.freeze()).map_err(|e| e.to_string())
+    }
+
+    fn note_batch(&mut self, position: u64, batch: &RecordBatch) {
+        let due = match self.last_indexed_position {
+            None => true,
+            Some(last) => position - last >= INDEX_INTERVAL_BYTES,
+        };
+        if due {
+            write(&self.index).push(IndexEntry { offset: batch.base_offset(), position });
+            write(&self.time_index).push(TimeIndexEntry {
+                max_timestamp_ms: self.max_timestamp_ms.unwrap_or(i64::MIN),
+                offset: batch.base_offset(),
+            });
+            self.last_indexed_position = Some(position);
+        }
+        self.record_count += u64::from(batch.record_count());
+        self.next_offset = batch.last_offset() + 1;
+        let (lo, hi) = timestamp_range(batch);
+        self.min_timestamp_ms = Some(self.min_timestamp_ms.map_or(lo, |m| m.min(lo)));
+        self.max_timestamp_ms = Some(self.max_timestamp_ms.map_or(hi, |m| m.max(hi)));
+    }
+
+    /// Writes a batch whose offsets the caller already assigned (starting at `next_offset`).
+    /// Not durable until [`Segment::sync`].
+    pub fn append(&mut self, batch: &RecordBatch) -> Result<(), StoreError> {
+        debug_assert_eq!(batch.base_offset(), self.next_offset);
+        let position = self.size_bytes;
+        self.file
+            .write_all_at(batch.as_bytes(), position)
+            .map_err(|e| StoreError::io(&self.path, "write", e))?;
+        self.size_bytes += batch.len_bytes() as u64;
+        self.note_batch(position, batch);
+        Ok(())
+    }
+
+    /// Makes every appended byte durable. An error here is fatal for this replica: the
+    /// kernel may have dropped the dirty pages, so the caller must not retry and carry on.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.file.sync_data().map_err(|e| StoreError::FsyncFailed {
+            path: self.path.clone(),
+            source: e,
+        })
+    }
+
+    /// Seals the segment: fsyncs the log, then writes and fsyncs both index files.
+    pub fn seal(&self) -> Result<(), StoreError> {
+        self.sync()?;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut idx = Vec::new();
+        for e in read(&self.index).iter() {
+            idx.extend_from_slice(&e.offset.to_be_bytes());
+            idx.extend_from_slice(&e.position.to_be_bytes());
+        }
+        write_with_crc(&self.path.with_extension("index"), idx)?;
+        let mut tidx = Vec::new();
+        for e in read(&self.time_index).iter() {
+            tidx.extend_from_slice(&e.max_timestamp_ms.to_be_bytes());
+            tidx.extend_from_slice(&e.offset.to_be_bytes());
+        }
+        write_with_crc(&self.path.with_extension("timeindex"), tidx)?;
+        sync_dir(dir)
+    }
+
+    /// Loads a sealed segment's indexes. `None` if they are missing or damaged.
+    fn load_indexes(&mut self) -> Result<Option<()>, StoreError> {
+        let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
+        let (Some(idx), Some(tidx)) =
+            (read_with_crc(&self.path.with_extension("index")), read_with_crc(&self.path.with_extension("timeindex")))
+        else {
+            return Ok(None);
+        };
+        if idx.len() % 16 != 0 || tidx.len() % 16 != 0 || idx.is_empty() {
+            return Ok(None);
+        }
+        let pairs = |b: &[u8]| -> Vec<(u64, u64)> {
+            b.chunks_exact(16)
+                .map(|c| {
+                    let (a, b) = c.split_at(8);
+                    (u64::from_be_bytes(a.try_into().unwrap_or_default()), u64::from_be_bytes(b.try_into().unwrap_or_default()))
+                })
+                .collect()
+        };
+        let index: Vec<IndexEntry> =
+            pairs(&idx).into_iter().map(|(offset, position)| IndexEntry { offset, position }).collect();
+        let time_index: Vec<TimeIndexEntry> = pairs(&tidx)
+            .into_iter()
+            .map(|(ts, offset)| TimeIndexEntry { max_timestamp_ms: ts as i64, offset })
+            .collect();
+        // The last indexed batch and those after it give the end offset and timestamps.
+        let Some(last) = index.last().copied() else { return Ok(None) };
+        let mut max_ts = time_index.last().map(|t| t.max_timestamp_ms).unwrap_or(i64::MIN);
+        *write(&self.index) = index;
+        *write(&self.time_index) = time_index;
+        let mut position = last.position;
+        self.size_bytes = len;
+        let mut next = last.offset;
+        while position < len {
+            let Ok(batch) = self.read_batch_at(position, len) else { return Ok(None) };
+            next = batch.last_offset() + 1;
+            max_ts = max_ts.max(batch.max_timestamp());
+            position += batch.len_bytes() as u64;
+        }
+        self.next_offset = next;
+        self.last_indexed_position = Some(last.position);
+        // Exact counts and the minimum timestamp are in metadata; here only the bounds matter.
+        self.record_count = next - self.base_offset;
+        self.max_timestamp_ms = Some(max_ts);
+        Ok(Some(()))
+    }
+
+    /// A lock-free snapshot for readers, bounded by `durable_size` bytes.
+    pub fn view(&self, durable_size: u64, end_offset: u64) -> SegmentView {
+        SegmentView {
+            base_offset: self.base_offset,
+            end_offset,
+            size_bytes: durable_size,
+            file: Arc::clone(&self.file),
+            index: Arc::clone(&self.index),
+            time_index: Arc::clone(&self.time_index),
+        }
+    }
+
+    /// First offset.
+    pub fn base_offset(&self) -> u64 {
+        self.base_offset
+    }
+    /// Offset the next batch gets.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
+    }
+    /// Bytes written.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    /// Records written.
+    pub fn record_count(&self) -> u64 {
+        self.record_count
+    }
+    /// Smallest record timestamp.
+    pub fn min_timestamp_ms(&self) -> Option<i64> {
+        self.min_timestamp_ms
+    }
+    /// Largest record timestamp.
+    pub fn max_timestamp_ms(&self) -> Option<i64> {
+        self.max_timestamp_ms
+    }
+    /// Byte ranges that failed their CRC at recovery.
+    pub fn corrupt_ranges(&self) -> &[(u64, u64)] {
+        &self.corrupt_ranges
+    }
+    /// Path of the log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Deletes the segment's files.
+    pub fn delete_files(&self) -> Result<(), StoreError> {
+        for p in [self.path.clone(), self.path.with_extension("index"), self.path.with_extension("timeindex")] {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(&p, "remove", e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SegmentView {
+    /// Byte position to start reading at to find `offset`: the last index entry at or before it.
+    pub fn position_for(&self, offset: u64) -> u64 {
+        let index = read(&self.index);
+        let i = index.partition_point(|e| e.offset <= offset);
+        if i == 0 {
+            0
+        } else {
+            index[i - 1].position
+        }
+    }
+
+    /// Byte position to start scanning at for the first record with timestamp >= `ts`.
+    pub fn position_for_time(&self, ts: i64) -> u64 {
+        // Entries before the first one whose preceding max timestamp reaches `ts` cannot hold it.
+        let offset = {
+            let time_index = read(&self.time_index);
+            let i = time_index.partition_point(|e| e.max_timestamp_ms < ts);
+            if i == 0 {
+                return 0;
+            }
+            time_index[i - 1].offset
+        };
+        self.position_for(offset)
+    }
+
+    /// Reads whole batches from `position` up to `max_bytes` (at least one batch) within the
+    /// readable size. Every batch's CRC is checked; a bad one is an error, never served.
+    pub fn read_batches(&self, mut position: u64, max_bytes: usize) -> Result<Vec<RecordBatch>, StoreError> {
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        while position < self.size_bytes && (out.is_empty() || total < max_bytes) {
+            let mut head = [0u8; LOG_OVERHEAD];
+            self.file.read_exact_at(&mut head, position).map_err(|e| StoreError::io_read(e))?;
+            let corrupt = |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
+            let len = peek_batch_len(&head).ok_or_else(|| corrupt("invalid batch length".into()))?;
+            if len > BATCH_BYTES_MAX || position + len as u64 > self.size_bytes {
+                return Err(corrupt(format!("batch of {len} bytes runs past the end of the segment")));
+            }
+            if !out.is_empty() && total + len > max_bytes {
+                break;
+            }
+            let mut buf = BytesMut::zeroed(len);
+            self.file.read_exact_at(&mut buf, position).map_err(|e| StoreError::io_read(e))?;
+            let batch = RecordBatch::parse(buf.freeze()).map_err(|e| corrupt(e.to_string()))?;
+            total += len;
+            position += len as u64;
+            out.push(batch);
+        }
+        Ok(out)
+    }
+}
+
+fn write_with_crc(path: &Path, mut data: Vec<u8>) -> Result<(), StoreError> {
+    let crc = crc32c::crc32c(&data);
+    data.extend_from_slice(&crc.to_be_bytes());
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(|e| StoreError::io(&tmp, "create", e))?;
+    f.write_all(&data).map_err(|e| StoreError::io(&tmp, "write", e))?;
+    f.sync_all().map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
+    fs::rename(&tmp, path).map_err(|e| StoreError::io(path, "rename", e))
+}
+
+fn read_with_crc(path: &Path) -> Option<Vec<u8>> {
+    let mut data = fs::read(path).ok()?;
+    if data.len() < 4 {
+        return None;
+    }
+    let tail = data.split_off(data.len() - 4);
+    let stored = u32::from_be_bytes(tail.try_into().ok()?);
+    (crc32c::crc32c(&data) == stored).then_some(data)
+}
+
+/// Fsyncs a directory so that created, renamed and removed entries are durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::FsyncFailed { path: dir.to_path_buf(), source: e })
+}
+
+/// Smallest and largest timestamp of a batch as its header states them.
+pub fn timestamp_range(batch: &RecordBatch) -> (i64, i64) {
+    (batch.base_timestamp().min(batch.max_timestamp()), batch.max_timestamp())
+}
+
+/// Index locks guard plain vectors; a panic while holding one cannot leave them half-updated
+/// in a way that matters, so a poisoned lock is still used.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}

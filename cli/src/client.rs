@@ -1,0 +1,330 @@
+//! A Rust client for the agent's HTTP API, used by the `silt` command, the end-to-end tests
+//! and the benchmark tool.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Errors the client returns.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an API error.
+    #[error("{message} ({code}, HTTP {status})")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// Stable error code.
+        code: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The server could not be reached or the connection broke.
+    #[error("cannot reach the Silt agent at {url}: {source}")]
+    Transport {
+        /// Server URL.
+        url: String,
+        /// Cause.
+        source: reqwest::Error,
+    },
+    /// The server's answer did not parse.
+    #[error("unexpected answer from the server: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// Whether trying again later may succeed (the server is down, restarting or busy).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Api { status, .. } => *status == 503 || *status == 429,
+            ClientError::Transport { .. } => true,
+            ClientError::Decode(_) => false,
+        }
+    }
+}
+
+/// A message to produce.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OutMessage {
+    /// Explicit partition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    /// Key as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Value as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Headers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderOut>,
+}
+
+/// A header to produce.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeaderOut {
+    /// Header key.
+    pub key: String,
+    /// Header value.
+    pub value: String,
+}
+
+/// A header as the server returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderIn {
+    /// Header key.
+    pub key: String,
+    /// Value as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Value as base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+}
+
+/// A message as the server returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `topic/partition/offset`.
+    pub id: String,
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Offset.
+    pub offset: u64,
+    /// Timestamp, ms since the Unix epoch.
+    pub timestamp: i64,
+    /// Key as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Key as base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_b64: Option<String>,
+    /// Value as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Value as base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+    /// Headers.
+    #[serde(default)]
+    pub headers: Vec<HeaderIn>,
+    /// Delivery count (polls only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<u32>,
+}
+
+/// A poll request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Poll {
+    /// Group.
+    pub group: String,
+    /// Member id.
+    pub member: String,
+    /// `exclusive` or `shared`.
+    pub mode: String,
+    /// Most messages.
+    pub max: u32,
+    /// Longest wait.
+    pub timeout_ms: u64,
+    /// Session timeout.
+    pub session_timeout_ms: u64,
+}
+
+/// A page of a replay.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReplayPage {
+    /// Messages.
+    pub messages: Vec<Message>,
+    /// Where the next page starts.
+    pub next_offset: u64,
+    /// End of the partition when read.
+    pub high_watermark: u64,
+}
+
+/// Client for one agent.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+impl Client {
+    /// A client for the agent at `base` (`http://host:port`).
+    pub fn new(base: &str) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| ClientError::Transport { url: base.to_string(), source: e })?;
+        Ok(Client { base: base.trim_end_matches('/').to_string(), http })
+    }
+
+    /// The server URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, ClientError> {
+        let resp = req.send().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+                Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+                Err(_) => ClientError::Api {
+                    status: status.as_u16(),
+                    code: "http_error".into(),
+                    message: String::from_utf8_lossy(&body).into_owned(),
+                },
+            });
+        }
+        if body.is_empty() {
+            return serde_json::from_slice(b"null").map_err(|e| ClientError::Decode(e.to_string()));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// `GET /health`.
+    pub async fn health(&self) -> Result<serde_json::Value, ClientError> {
+        self.send(self.http.get(self.url("/health"))).await
+    }
+
+    /// Creates a topic.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: &BTreeMap<String, String>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let body = serde_json::json!({ "name": name, "partitions": partitions, "config": config });
+        self.send(self.http.post(self.url("/v1/topics")).json(&body)).await
+    }
+
+    /// Lists topics.
+    pub async fn list_topics(&self) -> Result<serde_json::Value, ClientError> {
+        self.send(self.http.get(self.url("/v1/topics"))).await
+    }
+
+    /// Describes a topic.
+    pub async fn describe_topic(&self, name: &str) -> Result<serde_json::Value, ClientError> {
+        self.send(self.http.get(self.url(&format!("/v1/topics/{name}")))).await
+    }
+
+    /// Deletes a topic.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ClientError> {
+        let _: Option<serde_json::Value> = self.send(self.http.delete(self.url(&format!("/v1/topics/{name}")))).await?;
+        Ok(())
+    }
+
+    /// Produces messages; returns their ids once durable.
+    pub async fn produce(&self, topic: &str, messages: &[OutMessage]) -> Result<Vec<String>, ClientError> {
+        #[derive(Deserialize)]
+        struct Ids {
+            ids: Vec<String>,
+        }
+        let body = serde_json::json!({ "messages": messages });
+        let ids: Ids = self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/messages"))).json(&body)).await?;
+        Ok(ids.ids)
+    }
+
+    /// Produces one RecordBatch v2 to a partition; returns its first and last offset.
+    pub async fn produce_batch(&self, topic: &str, partition: u32, batch: bytes::Bytes) -> Result<(u64, u64), ClientError> {
+        #[derive(Deserialize)]
+        struct Range {
+            base_offset: u64,
+            last_offset: u64,
+        }
+        let r: Range = self
+            .send(
+                self.http
+                    .post(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/batches")))
+                    .header("content-type", "application/vnd.kafka.record-batch.v2")
+                    .body(batch),
+            )
+            .await?;
+        Ok((r.base_offset, r.last_offset))
+    }
+
+    /// Polls for messages.
+    pub async fn poll(&self, topic: &str, poll: &Poll) -> Result<Vec<Message>, ClientError> {
+        #[derive(Deserialize)]
+        struct Messages {
+            messages: Vec<Message>,
+        }
+        let m: Messages = self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/poll"))).json(poll)).await?;
+        Ok(m.messages)
+    }
+
+    /// Acknowledges messages; returns how many were newly acknowledged.
+    pub async fn ack(&self, group: &str, ids: &[String]) -> Result<u64, ClientError> {
+        #[derive(Deserialize)]
+        struct Acked {
+            acked: u64,
+        }
+        let body = serde_json::json!({ "ids": ids });
+        let a: Acked = self.send(self.http.post(self.url(&format!("/v1/groups/{group}/ack"))).json(&body)).await?;
+        Ok(a.acked)
+    }
+
+    /// Leaves a group.
+    pub async fn leave(&self, group: &str, topic: &str, member: &str) -> Result<(), ClientError> {
+        let body = serde_json::json!({ "topic": topic, "member": member });
+        let _: Option<serde_json::Value> =
+            self.send(self.http.post(self.url(&format!("/v1/groups/{group}/leave"))).json(&body)).await?;
+        Ok(())
+    }
+
+    /// Reads a partition from an offset (or time) without a group.
+    pub async fn replay(
+        &self,
+        topic: &str,
+        partition: u32,
+        from_offset: Option<u64>,
+        from_time_ms: Option<i64>,
+        max: usize,
+    ) -> Result<ReplayPage, ClientError> {
+        let mut q: Vec<(&str, String)> = vec![("max", max.to_string())];
+        if let Some(o) = from_offset {
+            q.push(("from_offset", o.to_string()));
+        }
+        if let Some(t) = from_time_ms {
+            q.push(("from_time", t.to_string()));
+        }
+        self.send(self.http.get(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/messages"))).query(&q))
+            .await
+    }
+
+    /// Describes a group.
+    pub async fn describe_group(&self, group: &str) -> Result<serde_json::Value, ClientError> {
+        self.send(self.http.get(self.url(&format!("/v1/groups/{group}")))).await
+    }
+
+    /// Fetches `/metrics` as text.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let resp = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
+        resp.text().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })
+    }
+}

@@ -1,0 +1,423 @@
+//! The `silt` command: runs Silt (`silt dev`) and talks to it (topics, produce, consume, replay).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use silt::client::{Client, HeaderOut, OutMessage, Poll};
+use tokio::io::AsyncBufReadExt;
+
+#[derive(Parser)]
+#[command(
+    name = "silt",
+    version,
+    about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage",
+    long_about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage.\n\nStart everything in one process with `silt dev`, then use the client commands against it.\nClient commands talk to --server (or $SILT_SERVER, default http://127.0.0.1:7070)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct ServerArg {
+    /// The agent to talk to.
+    #[arg(long, env = "SILT_SERVER", default_value = "http://127.0.0.1:7070", global = true)]
+    server: String,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run metadata, an agent and (later) the compactor in one process, all state under --data-dir.
+    Dev {
+        /// Directory for all state (created if missing).
+        #[arg(long, default_value = "./silt-data")]
+        data_dir: PathBuf,
+        /// Address to serve the API on; use port 0 to pick a free port.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: SocketAddr,
+    },
+    /// Create, list, describe and delete topics.
+    Topic {
+        #[command(subcommand)]
+        command: TopicCmd,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Produce stdin to a topic, one message per line; prints each message id once it is durable.
+    Produce {
+        /// Topic to produce to.
+        topic: String,
+        /// Split each line at the first SEP into key and value (escapes like \t are understood).
+        #[arg(long, value_name = "SEP")]
+        key_separator: Option<String>,
+        /// Send every message to this partition (default: by key, or spread when there is no key).
+        #[arg(long)]
+        partition: Option<u32>,
+        /// Add a header to every message, as KEY=VALUE (repeatable).
+        #[arg(long = "header", value_name = "KEY=VALUE")]
+        headers: Vec<String>,
+        /// How long to wait for more lines before sending a batch.
+        #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
+        linger: Duration,
+        /// Most messages in one request.
+        #[arg(long, default_value_t = 1000)]
+        batch_max: usize,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Consume a topic with a group, printing JSON lines and acknowledging each message.
+    Consume {
+        /// Topic to consume.
+        topic: String,
+        /// Consumer group.
+        #[arg(long)]
+        group: String,
+        /// Exit after this many messages.
+        #[arg(long, default_value_t = 100)]
+        max: u64,
+        /// Exit when no message arrives for this long.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Group mode: exclusive (partitions assigned to members, order per partition) or shared (a work queue).
+        #[arg(long, value_enum, default_value_t = Mode::Exclusive)]
+        mode: Mode,
+        /// Member id (default: unique per process).
+        #[arg(long)]
+        member: Option<String>,
+        /// Print without acknowledging: the messages come back after the visibility timeout.
+        #[arg(long)]
+        no_ack: bool,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Read a topic from an offset or a time without a group, printing JSON lines.
+    Replay {
+        /// Topic to read.
+        topic: String,
+        /// Only this partition (default: every partition, one after the other).
+        #[arg(long)]
+        partition: Option<u32>,
+        /// Start at this offset.
+        #[arg(long, conflicts_with = "from_time")]
+        from_offset: Option<u64>,
+        /// Start at the first message at or after this time (RFC 3339, e.g. 2026-11-30T10:00:00Z).
+        #[arg(long)]
+        from_time: Option<String>,
+        /// Stop after this many messages in total.
+        #[arg(long)]
+        max: Option<u64>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Inspect consumer groups.
+    Group {
+        #[command(subcommand)]
+        command: GroupCmd,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopicCmd {
+    /// Create a topic.
+    Create {
+        /// Topic name: ASCII letters, digits, '.', '_' and '-', at most 249 characters.
+        name: String,
+        /// Number of partitions.
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// Topic config as NAME=VALUE (repeatable): segment.bytes, segment.ms, retention.ms,
+        /// local.retention.ms, max.message.bytes, visibility.timeout.ms, max.deliveries.
+        #[arg(long = "config", value_name = "NAME=VALUE")]
+        config: Vec<String>,
+    },
+    /// List topics.
+    List,
+    /// Show a topic's partitions, writers, epochs and segments as JSON.
+    Describe {
+        /// Topic name.
+        name: String,
+    },
+    /// Delete a topic and all its data.
+    Delete {
+        /// Topic name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum GroupCmd {
+    /// Show a group's members, assignment and lag per partition as JSON.
+    Describe {
+        /// Group name.
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Mode {
+    Exclusive,
+    Shared,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Dev { data_dir, listen } => silt::dev::run(silt::dev::DevConfig { data_dir, listen }).await,
+        Cmd::Topic { command, server } => topic(command, &Client::new(&server.server)?).await,
+        Cmd::Produce { topic, key_separator, partition, headers, linger, batch_max, server } => {
+            let headers = headers
+                .iter()
+                .map(|h| {
+                    h.split_once('=')
+                        .map(|(k, v)| HeaderOut { key: k.to_string(), value: v.to_string() })
+                        .with_context(|| format!("header '{h}' is not KEY=VALUE"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let sep = key_separator.map(|s| unescape(&s));
+            produce(&Client::new(&server.server)?, &topic, sep, partition, headers, linger, batch_max.clamp(1, 10_000)).await
+        }
+        Cmd::Consume { topic, group, max, timeout, mode, member, no_ack, server } => {
+            let member = member.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
+            let mode = match mode {
+                Mode::Exclusive => "exclusive",
+                Mode::Shared => "shared",
+            };
+            consume(&Client::new(&server.server)?, &topic, &group, &member, mode, max, timeout, !no_ack).await
+        }
+        Cmd::Replay { topic, partition, from_offset, from_time, max, server } => {
+            let from_time_ms = match from_time {
+                Some(t) => Some(
+                    humantime::parse_rfc3339_weak(&t)
+                        .with_context(|| format!("--from-time '{t}' is not an RFC 3339 time like 2026-11-30T10:00:00Z"))?
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis() as i64)
+                        .unwrap_or(0),
+                ),
+                None => None,
+            };
+            replay(&Client::new(&server.server)?, &topic, partition, from_offset, from_time_ms, max).await
+        }
+        Cmd::Group { command: GroupCmd::Describe { name }, server } => {
+            let g = Client::new(&server.server)?.describe_group(&name).await?;
+            println!("{}", serde_json::to_string_pretty(&g)?);
+            Ok(())
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "consumer".into())
+}
+
+/// Turns `\t`, `\n`, `\r`, `\0` and `\\` into the characters they name.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('0') => out.push('\0'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+async fn topic(cmd: TopicCmd, client: &Client) -> Result<()> {
+    let out = match cmd {
+        TopicCmd::Create { name, partitions, config } => {
+            let mut map = BTreeMap::new();
+            for c in &config {
+                let (k, v) = c.split_once('=').with_context(|| format!("--config '{c}' is not NAME=VALUE"))?;
+                map.insert(k.to_string(), v.to_string());
+            }
+            client.create_topic(&name, partitions, &map).await?
+        }
+        TopicCmd::List => client.list_topics().await?,
+        TopicCmd::Describe { name } => client.describe_topic(&name).await?,
+        TopicCmd::Delete { name } => {
+            client.delete_topic(&name).await?;
+            serde_json::json!({ "deleted": name })
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+async fn produce(
+    client: &Client,
+    topic: &str,
+    sep: Option<String>,
+    partition: Option<u32>,
+    headers: Vec<HeaderOut>,
+    linger: Duration,
+    batch_max: usize,
+) -> Result<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(batch_max * 4);
+    let reader = tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        let Some(first) = rx.recv().await else { break };
+        let mut lines = vec![first];
+        let deadline = tokio::time::Instant::now() + linger;
+        while lines.len() < batch_max {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(line)) => lines.push(line),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let messages: Vec<OutMessage> = lines
+            .into_iter()
+            .map(|line| {
+                let (key, value) = match &sep {
+                    Some(sep) => match line.split_once(sep.as_str()) {
+                        Some((k, v)) => (Some(k.to_string()), v.to_string()),
+                        None => (None, line),
+                    },
+                    None => (None, line),
+                };
+                OutMessage { partition, key, value: Some(value), headers: headers.clone() }
+            })
+            .collect();
+        let ids = client.produce(topic, &messages).await?;
+        for id in ids {
+            writeln!(stdout, "{id}")?;
+        }
+        stdout.flush()?;
+    }
+    reader.abort();
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn consume(
+    client: &Client,
+    topic: &str,
+    group: &str,
+    member: &str,
+    mode: &str,
+    max: u64,
+    timeout: Duration,
+    ack: bool,
+) -> Result<()> {
+    let mut seen = 0u64;
+    let mut stdout = std::io::stdout().lock();
+    let mut idle_since = Instant::now();
+    while seen < max {
+        let remaining = timeout.saturating_sub(idle_since.elapsed());
+        if remaining.is_zero() {
+            break;
+        }
+        let poll = Poll {
+            group: group.to_string(),
+            member: member.to_string(),
+            mode: mode.to_string(),
+            max: (max - seen).min(1000) as u32,
+            timeout_ms: remaining.as_millis().min(30_000) as u64,
+            session_timeout_ms: 30_000,
+        };
+        let messages = client.poll(topic, &poll).await?;
+        if messages.is_empty() {
+            continue;
+        }
+        idle_since = Instant::now();
+        let mut ids = Vec::with_capacity(messages.len());
+        for m in &messages {
+            writeln!(stdout, "{}", serde_json::to_string(m)?)?;
+            ids.push(m.id.clone());
+        }
+        stdout.flush()?;
+        seen += messages.len() as u64;
+        if ack {
+            client.ack(group, &ids).await?;
+        }
+    }
+    if let Err(e) = client.leave(group, topic, member).await {
+        eprintln!("warning: leaving group '{group}' failed: {e}");
+    }
+    Ok(())
+}
+
+async fn replay(
+    client: &Client,
+    topic: &str,
+    partition: Option<u32>,
+    from_offset: Option<u64>,
+    from_time_ms: Option<i64>,
+    max: Option<u64>,
+) -> Result<()> {
+    let partitions: Vec<u32> = match partition {
+        Some(p) => vec![p],
+        None => {
+            let t = client.describe_topic(topic).await?;
+            let n = t["partitions"].as_array().map_or(0, |a| a.len()) as u32;
+            if n == 0 {
+                bail!("topic '{topic}' has no partitions");
+            }
+            (0..n).collect()
+        }
+    };
+    let mut left = max.unwrap_or(u64::MAX);
+    let mut stdout = std::io::stdout().lock();
+    for p in partitions {
+        let mut page = client.replay(topic, p, from_offset, from_time_ms, left.min(1000) as usize).await?;
+        let end = page.high_watermark;
+        loop {
+            for m in &page.messages {
+                writeln!(stdout, "{}", serde_json::to_string(m)?)?;
+            }
+            left -= page.messages.len() as u64;
+            if left == 0 || page.messages.is_empty() || page.next_offset >= end {
+                break;
+            }
+            page = client.replay(topic, p, Some(page.next_offset), None, left.min(1000) as usize).await?;
+        }
+        stdout.flush()?;
+        if left == 0 {
+            break;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! Silt's metadata service.
+//!
+//! Owns the replicated state of a Silt cluster: topics with their configs, partitions with
+//! their writer and epoch, the chain of segments of every partition (state, offset range,
+//! ensemble, object key) and consumer groups (members, assignments, ack checkpoints).
+//! The state machine ([`state`]) is plain code without I/O; [`MetadataNode`] replicates it with
+//! openraft ([`raft_types`]) over a durable on-disk Raft log ([`log_store`]) and snapshots
+//! ([`state_machine_store`]). Peers are reached through [`network`].
+//!
+//! It never holds message payloads. Agents and the compactor talk to it through
+//! [`MetadataNode`]; it talks to nothing but its own Raft peers.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests may unwrap"))]
+
+mod atomic_file;
+mod error;
+mod frame;
+pub mod log_store;
+mod metadata_node;
+pub mod network;
+pub mod raft_types;
+pub mod state;
+pub mod state_machine_store;
+pub mod topic_config;
+
+#[cfg(test)]
+mod storage_suite_tests;
+
+pub use error::MetadataError;
+pub use log_store::LogStore;
+pub use metadata_node::{MetadataNode, MetadataNodeOptions, REQUEST_TIMEOUT};
+pub use raft_types::TypeConfig;
+pub use state::{Command, GroupMode, MetadataState, Response};
+pub use state_machine_store::StateMachineStore;
+pub use topic_config::TopicConfig;

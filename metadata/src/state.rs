@@ -1,0 +1,771 @@
+//! The metadata state machine: plain data and a deterministic `apply`, with no I/O.
+//!
+//! Everything that varies between replicas (wall-clock time, ids) arrives inside the
+//! [`Command`], so every node that applies the same log reaches the same state.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::topic_config::{TopicConfig, PARTITIONS_MAX};
+use crate::MetadataError;
+
+/// Longest consumer group or member name.
+pub const NAME_BYTES_MAX: usize = 249;
+/// Most acknowledged ranges above the floor one checkpoint may carry per partition.
+pub const ACKED_RANGES_MAX: usize = 10_000;
+/// Most members one group may have on one topic.
+pub const GROUP_MEMBERS_MAX: usize = 1_000;
+
+/// The whole replicated metadata.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataState {
+    /// Topics by name.
+    pub topics: BTreeMap<String, Topic>,
+    /// Consumer groups by name.
+    pub groups: BTreeMap<String, Group>,
+    /// Id given to the next topic created; ids are never reused.
+    pub next_topic_id: u64,
+}
+
+/// A topic and its partitions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topic {
+    /// The topic name (Kafka's naming rules).
+    pub name: String,
+    /// Unique for the lifetime of the cluster: a deleted and re-created topic gets a new id.
+    pub id: u64,
+    /// The topic's configuration.
+    pub config: TopicConfig,
+    /// Partitions, indexed by partition number.
+    pub partitions: Vec<Partition>,
+    /// When the topic was created (ms since the Unix epoch).
+    pub created_ms: u64,
+}
+
+/// One partition: who writes it, under which epoch, and its chain of segments.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    /// The agent that currently writes this partition.
+    pub writer: Option<String>,
+    /// Bumped every time the writer changes; replicas refuse older epochs.
+    pub epoch: u64,
+    /// Segments by base offset.
+    pub segments: BTreeMap<u64, Segment>,
+}
+
+impl Partition {
+    /// The offset the next new segment must start at: one past the last sealed record.
+    pub fn next_segment_base(&self) -> u64 {
+        self.segments
+            .values()
+            .next_back()
+            .map_or(0, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
+    }
+
+    /// The segment that is open for appends, if any.
+    pub fn open_segment(&self) -> Option<&Segment> {
+        self.segments.values().next_back().filter(|s| s.state == SegmentState::Open)
+    }
+}
+
+/// Lifecycle of a segment: `Open -> Sealed -> Archived -> Deleted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentState {
+    /// Receiving appends from its writer.
+    Open,
+    /// Immutable; waiting to be archived.
+    Sealed,
+    /// Its records live in an object in the bucket.
+    Archived,
+}
+
+/// A contiguous range of a partition's offsets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// First offset of the segment.
+    pub base_offset: u64,
+    /// Last offset, known once sealed.
+    pub last_offset: Option<u64>,
+    /// Lifecycle state.
+    pub state: SegmentState,
+    /// Partition epoch under which the segment was opened.
+    pub epoch: u64,
+    /// Agents holding replicas.
+    pub ensemble: Vec<String>,
+    /// Bytes on disk (known once sealed).
+    pub size_bytes: u64,
+    /// Records in the segment (known once sealed).
+    pub record_count: u64,
+    /// Smallest and largest record timestamp (known once sealed).
+    pub min_timestamp_ms: Option<i64>,
+    /// Largest record timestamp.
+    pub max_timestamp_ms: Option<i64>,
+    /// When the segment was opened.
+    pub opened_ms: u64,
+    /// When the segment was sealed.
+    pub sealed_ms: Option<u64>,
+    /// Object key once archived.
+    pub object_key: Option<String>,
+}
+
+/// How a group shares a topic among its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupMode {
+    /// Partitions are assigned to members; order is kept per partition.
+    Exclusive,
+    /// Any member gets any message under a lease, like a work queue.
+    Shared,
+}
+
+impl std::fmt::Display for GroupMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GroupMode::Exclusive => "exclusive",
+            GroupMode::Shared => "shared",
+        })
+    }
+}
+
+/// A consumer group: its mode and its state per subscribed topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    /// Chosen by the first member that joins; later members must agree.
+    pub mode: GroupMode,
+    /// State per topic.
+    pub topics: BTreeMap<String, GroupTopic>,
+}
+
+/// A group's members, assignment and acknowledgements on one topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupTopic {
+    /// Live members by id.
+    pub members: BTreeMap<String, Member>,
+    /// Bumped whenever the assignment changes.
+    pub generation: u64,
+    /// Partition -> member (exclusive mode only).
+    pub assignment: BTreeMap<u32, String>,
+    /// Acknowledgement checkpoint per partition.
+    pub acks: BTreeMap<u32, AckCheckpoint>,
+}
+
+/// A group member's liveness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Last join or heartbeat.
+    pub last_seen_ms: u64,
+    /// The member is dropped when not seen for this long.
+    pub session_timeout_ms: u64,
+}
+
+/// Acknowledged offsets of one partition: everything below `floor`, plus `acked` ranges above it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckCheckpoint {
+    /// Every offset below this is acknowledged. Never moves backwards.
+    pub floor: u64,
+    /// Sorted, disjoint, inclusive ranges of acknowledged offsets above `floor`.
+    pub acked: Vec<(u64, u64)>,
+}
+
+/// A change to the metadata. Each is applied atomically, in log order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Command {
+    /// Create a topic.
+    CreateTopic {
+        /// Topic name; validated by the caller against Kafka's naming rules.
+        name: String,
+        /// Number of partitions.
+        partitions: u32,
+        /// Config overrides by Kafka-style name.
+        config: BTreeMap<String, String>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Delete a topic and every group's state for it.
+    DeleteTopic {
+        /// Topic name.
+        name: String,
+    },
+    /// Make `agent` the writer of a partition, bumping the epoch.
+    ClaimWriter {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The agent that becomes writer.
+        agent: String,
+        /// If set, the claim only succeeds when the current epoch equals this.
+        expected_epoch: Option<u64>,
+    },
+    /// Open a new segment at the end of the partition.
+    OpenSegment {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// Writer's epoch; must be the partition's current epoch.
+        epoch: u64,
+        /// First offset; must follow the last sealed segment.
+        base_offset: u64,
+        /// Agents holding replicas.
+        ensemble: Vec<String>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Seal the open segment at its final end. An empty segment is removed instead.
+    SealSegment {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// Writer's epoch; must be the partition's current epoch.
+        epoch: u64,
+        /// The segment's base offset.
+        base_offset: u64,
+        /// Records in the segment; `0` removes it.
+        record_count: u64,
+        /// Bytes on disk.
+        size_bytes: u64,
+        /// Smallest record timestamp.
+        min_timestamp_ms: Option<i64>,
+        /// Largest record timestamp.
+        max_timestamp_ms: Option<i64>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Join a group on a topic, or heartbeat as an existing member.
+    JoinGroup {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// Member id.
+        member: String,
+        /// Requested mode; must match the group's.
+        mode: GroupMode,
+        /// The member is dropped after this long without a heartbeat.
+        session_timeout_ms: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Leave a group on a topic.
+    LeaveGroup {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// Member id.
+        member: String,
+    },
+    /// Record acknowledgements. The floor never moves backwards.
+    CommitAcks {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// Everything below is acknowledged.
+        floor: u64,
+        /// Acknowledged inclusive ranges above the floor.
+        acked: Vec<(u64, u64)>,
+    },
+    /// Delete a group.
+    DeleteGroup {
+        /// Group name.
+        group: String,
+    },
+}
+
+/// What applying a command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Response {
+    /// Applied; nothing to return.
+    Ok,
+    /// The topic as it is after the command.
+    Topic {
+        /// The topic.
+        topic: Topic,
+    },
+    /// The partition's epoch after a writer claim.
+    Epoch {
+        /// New epoch.
+        epoch: u64,
+    },
+    /// A member's view of its group after join or heartbeat.
+    Membership {
+        /// Assignment generation.
+        generation: u64,
+        /// Partitions assigned to this member (all partitions in shared mode).
+        partitions: Vec<u32>,
+    },
+    /// The command was refused; the state is unchanged.
+    Error {
+        /// Why.
+        error: MetadataError,
+    },
+}
+
+impl Response {
+    /// Turns an `Error` response into `Err`.
+    pub fn into_result(self) -> Result<Response, MetadataError> {
+        match self {
+            Response::Error { error } => Err(error),
+            other => Ok(other),
+        }
+    }
+}
+
+impl MetadataState {
+    /// Applies one command. On error the state is unchanged.
+    pub fn apply(&mut self, command: &Command) -> Response {
+        match self.try_apply(command) {
+            Ok(r) => r,
+            Err(error) => Response::Error { error },
+        }
+    }
+
+    fn try_apply(&mut self, command: &Command) -> Result<Response, MetadataError> {
+        match command {
+            Command::CreateTopic { name, partitions, config, now_ms } => {
+                if self.topics.contains_key(name) {
+                    return Err(MetadataError::TopicExists(name.clone()));
+                }
+                if *partitions == 0 || *partitions > PARTITIONS_MAX {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "a topic needs between 1 and {PARTITIONS_MAX} partitions, got {partitions}"
+                    )));
+                }
+                let config = TopicConfig::from_overrides(config)?;
+                let topic = Topic {
+                    name: name.clone(),
+                    id: self.next_topic_id,
+                    config,
+                    partitions: vec![Partition::default(); *partitions as usize],
+                    created_ms: *now_ms,
+                };
+                self.next_topic_id += 1;
+                self.topics.insert(name.clone(), topic.clone());
+                Ok(Response::Topic { topic })
+            }
+            Command::DeleteTopic { name } => {
+                if self.topics.remove(name).is_none() {
+                    return Err(MetadataError::UnknownTopic(name.clone()));
+                }
+                for group in self.groups.values_mut() {
+                    group.topics.remove(name);
+                }
+                self.groups.retain(|_, g| !g.topics.is_empty());
+                Ok(Response::Ok)
+            }
+            Command::ClaimWriter { topic, partition, agent, expected_epoch } => {
+                let p = self.partition_mut(topic, *partition)?;
+                if let Some(expected) = expected_epoch {
+                    if *expected != p.epoch {
+                        return Err(MetadataError::Fenced { expected: *expected, actual: p.epoch });
+                    }
+                }
+                p.epoch += 1;
+                p.writer = Some(agent.clone());
+                Ok(Response::Epoch { epoch: p.epoch })
+            }
+            Command::OpenSegment { topic, partition, epoch, base_offset, ensemble, now_ms } => {
+                let p = self.partition_mut(topic, *partition)?;
+                check_epoch(p, *epoch)?;
+                if let Some(open) = p.open_segment() {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "partition {topic}/{partition} already has an open segment at offset {}",
+                        open.base_offset
+                    )));
+                }
+                let expected = p.next_segment_base();
+                if *base_offset != expected {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "a new segment of {topic}/{partition} must start at offset {expected}, not {base_offset}"
+                    )));
+                }
+                p.segments.insert(
+                    *base_offset,
+                    Segment {
+                        base_offset: *base_offset,
+                        last_offset: None,
+                        state: SegmentState::Open,
+                        epoch: *epoch,
+                        ensemble: ensemble.clone(),
+                        size_bytes: 0,
+                        record_count: 0,
+                        min_timestamp_ms: None,
+                        max_timestamp_ms: None,
+                        opened_ms: *now_ms,
+                        sealed_ms: None,
+                        object_key: None,
+                    },
+                );
+                Ok(Response::Ok)
+            }
+            Command::SealSegment {
+                topic,
+                partition,
+                epoch,
+                base_offset,
+                record_count,
+                size_bytes,
+                min_timestamp_ms,
+                max_timestamp_ms,
+                now_ms,
+            } => {
+                let p = self.partition_mut(topic, *partition)?;
+                check_epoch(p, *epoch)?;
+                let segment = match p.segments.get_mut(base_offset) {
+                    Some(s) if s.state == SegmentState::Open => s,
+                    _ => {
+                        return Err(MetadataError::InvalidArgument(format!(
+                            "partition {topic}/{partition} has no open segment at offset {base_offset}"
+                        )))
+                    }
+                };
+                if *record_count == 0 {
+                    p.segments.remove(base_offset);
+                    return Ok(Response::Ok);
+                }
+                segment.last_offset = Some(base_offset + record_count - 1);
+                segment.state = SegmentState::Sealed;
+                segment.record_count = *record_count;
+                segment.size_bytes = *size_bytes;
+                segment.min_timestamp_ms = *min_timestamp_ms;
+                segment.max_timestamp_ms = *max_timestamp_ms;
+                segment.sealed_ms = Some(*now_ms);
+                Ok(Response::Ok)
+            }
+            Command::JoinGroup { group, topic, member, mode, session_timeout_ms, now_ms } => {
+                let partitions = self.topic(topic)?.partitions.len() as u32;
+                check_name("group", group)?;
+                check_name("member", member)?;
+                let g = self
+                    .groups
+                    .entry(group.clone())
+                    .or_insert_with(|| Group { mode: *mode, topics: BTreeMap::new() });
+                if g.mode != *mode {
+                    let existing = g.mode;
+                    if g.topics.is_empty() {
+                        g.mode = *mode;
+                    } else {
+                        return Err(MetadataError::GroupModeMismatch {
+                            group: group.clone(),
+                            existing,
+                            requested: *mode,
+                        });
+                    }
+                }
+                let gt = g.topics.entry(topic.clone()).or_default();
+                if !gt.members.contains_key(member) && gt.members.len() >= GROUP_MEMBERS_MAX {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "group '{group}' already has {GROUP_MEMBERS_MAX} members on topic '{topic}'"
+                    )));
+                }
+                gt.members.insert(
+                    member.clone(),
+                    Member { last_seen_ms: *now_ms, session_timeout_ms: *session_timeout_ms },
+                );
+                gt.members
+                    .retain(|_, m| m.last_seen_ms.saturating_add(m.session_timeout_ms) >= *now_ms);
+                gt.rebalance(*mode, partitions);
+                Ok(gt.membership(*mode, member, partitions))
+            }
+            Command::LeaveGroup { group, topic, member } => {
+                let g = self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
+                let mode = g.mode;
+                let partitions = self.topics.get(topic).map_or(0, |t| t.partitions.len() as u32);
+                if let Some(gt) = g.topics.get_mut(topic) {
+                    if gt.members.remove(member).is_some() {
+                        gt.rebalance(mode, partitions);
+                    }
+                }
+                Ok(Response::Ok)
+            }
+            Command::CommitAcks { group, topic, partition, floor, acked } => {
+                let partitions = self.topic(topic)?.partitions.len() as u32;
+                if *partition >= partitions {
+                    return Err(MetadataError::UnknownPartition { topic: topic.clone(), partition: *partition });
+                }
+                if acked.len() > ACKED_RANGES_MAX {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "an ack checkpoint may carry at most {ACKED_RANGES_MAX} ranges"
+                    )));
+                }
+                let g = self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
+                let gt = g.topics.entry(topic.clone()).or_default();
+                let cp = gt.acks.entry(*partition).or_default();
+                cp.merge(*floor, acked);
+                Ok(Response::Ok)
+            }
+            Command::DeleteGroup { group } => {
+                if self.groups.remove(group).is_none() {
+                    return Err(MetadataError::UnknownGroup(group.clone()));
+                }
+                Ok(Response::Ok)
+            }
+        }
+    }
+
+    /// Looks up a topic.
+    pub fn topic(&self, name: &str) -> Result<&Topic, MetadataError> {
+        self.topics.get(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))
+    }
+
+    fn partition_mut(&mut self, topic: &str, partition: u32) -> Result<&mut Partition, MetadataError> {
+        let t = self.topics.get_mut(topic).ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?;
+        t.partitions
+            .get_mut(partition as usize)
+            .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })
+    }
+}
+
+fn check_epoch(p: &Partition, epoch: u64) -> Result<(), MetadataError> {
+    if p.epoch != epoch {
+        return Err(MetadataError::Fenced { expected: epoch, actual: p.epoch });
+    }
+    Ok(())
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), MetadataError> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX || name.chars().any(|c| c.is_control()) {
+        return Err(MetadataError::InvalidArgument(format!(
+            "{what} name must be 1 to {NAME_BYTES_MAX} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl GroupTopic {
+    /// Recomputes the exclusive assignment: partitions dealt round-robin to members in id order.
+    fn rebalance(&mut self, mode: GroupMode, partitions: u32) {
+        let assignment: BTreeMap<u32, String> = match mode {
+            GroupMode::Shared => BTreeMap::new(),
+            GroupMode::Exclusive => {
+                let members: Vec<&String> = self.members.keys().collect();
+                if members.is_empty() {
+                    BTreeMap::new()
+                } else {
+                    (0..partitions).map(|p| (p, members[p as usize % members.len()].clone())).collect()
+                }
+            }
+        };
+        if assignment != self.assignment {
+            self.assignment = assignment;
+            self.generation += 1;
+        }
+    }
+
+    fn membership(&self, mode: GroupMode, member: &str, partitions: u32) -> Response {
+        let partitions = match mode {
+            GroupMode::Shared => (0..partitions).collect(),
+            GroupMode::Exclusive => {
+                self.assignment.iter().filter(|(_, m)| m.as_str() == member).map(|(p, _)| *p).collect()
+            }
+        };
+        Response::Membership { generation: self.generation, partitions }
+    }
+}
+
+impl AckCheckpoint {
+    /// Merges a newer checkpoint into this one. The floor never moves backwards and no
+    /// acknowledged offset is forgotten.
+    pub fn merge(&mut self, floor: u64, acked: &[(u64, u64)]) {
+        let mut ranges: Vec<(u64, u64)> = self.acked.iter().chain(acked.iter()).copied().filter(|(a, b)| a <= b).collect();
+        ranges.sort_unstable();
+        let mut floor = self.floor.max(floor);
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            if end < floor {
+                continue;
+            }
+            let start = start.max(floor);
+            if start == floor {
+                floor = end + 1;
+                continue;
+            }
+            match merged.last_mut() {
+                Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        // A range that reached the floor after it was pushed must be folded in too.
+        merged.retain(|(_, end)| *end >= floor);
+        while let Some(first) = merged.first() {
+            if first.0 <= floor {
+                floor = floor.max(first.1 + 1);
+                merged.remove(0);
+            } else {
+                break;
+            }
+        }
+        self.floor = floor;
+        self.acked = merged;
+    }
+
+    /// Whether `offset` is acknowledged.
+    pub fn is_acked(&self, offset: u64) -> bool {
+        offset < self.floor || self.acked.iter().any(|(a, b)| (*a..=*b).contains(&offset))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn create(state: &mut MetadataState, name: &str, partitions: u32) -> Response {
+        state.apply(&Command::CreateTopic {
+            name: name.into(),
+            partitions,
+            config: BTreeMap::new(),
+            now_ms: 1,
+        })
+    }
+
+    fn join(state: &mut MetadataState, member: &str, now_ms: u64) -> Response {
+        state.apply(&Command::JoinGroup {
+            group: "g".into(),
+            topic: "t".into(),
+            member: member.into(),
+            mode: GroupMode::Exclusive,
+            session_timeout_ms: 10_000,
+            now_ms,
+        })
+    }
+
+    #[test]
+    fn create_and_delete_topic() {
+        let mut s = MetadataState::default();
+        assert!(matches!(create(&mut s, "t", 4), Response::Topic { .. }));
+        assert_eq!(s.topics["t"].partitions.len(), 4);
+        let before = s.clone();
+        assert!(matches!(
+            create(&mut s, "t", 2),
+            Response::Error { error: MetadataError::TopicExists(_) }
+        ));
+        assert_eq!(s, before, "a refused command changes nothing");
+        assert!(matches!(create(&mut s, "u", 0), Response::Error { .. }));
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
+        assert!(s.topics.is_empty());
+        create(&mut s, "t", 1);
+        assert_eq!(s.topics["t"].id, 1, "ids are never reused");
+    }
+
+    #[test]
+    fn segments_follow_epochs_and_offsets() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        let claim = |s: &mut MetadataState| {
+            s.apply(&Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "a".into(), expected_epoch: None })
+        };
+        assert_eq!(claim(&mut s), Response::Epoch { epoch: 1 });
+        let open = |s: &mut MetadataState, epoch, base| {
+            s.apply(&Command::OpenSegment {
+                topic: "t".into(),
+                partition: 0,
+                epoch,
+                base_offset: base,
+                ensemble: vec!["a".into()],
+                now_ms: 5,
+            })
+        };
+        let seal = |s: &mut MetadataState, epoch, base, count| {
+            s.apply(&Command::SealSegment {
+                topic: "t".into(),
+                partition: 0,
+                epoch,
+                base_offset: base,
+                record_count: count,
+                size_bytes: 100,
+                min_timestamp_ms: Some(1),
+                max_timestamp_ms: Some(2),
+                now_ms: 6,
+            })
+        };
+        assert_eq!(open(&mut s, 1, 0), Response::Ok);
+        assert!(matches!(open(&mut s, 1, 0), Response::Error { .. }), "one open segment at a time");
+        assert_eq!(seal(&mut s, 1, 0, 10), Response::Ok);
+        assert!(matches!(open(&mut s, 1, 5), Response::Error { .. }), "no gaps or overlaps");
+        assert_eq!(open(&mut s, 1, 10), Response::Ok);
+        assert_eq!(claim(&mut s), Response::Epoch { epoch: 2 });
+        assert!(matches!(
+            seal(&mut s, 1, 10, 3),
+            Response::Error { error: MetadataError::Fenced { .. } }
+        ));
+        assert_eq!(seal(&mut s, 2, 10, 0), Response::Ok, "an empty segment is dropped");
+        assert_eq!(s.topics["t"].partitions[0].next_segment_base(), 10);
+        assert_eq!(s.topics["t"].partitions[0].segments[&0].last_offset, Some(9));
+    }
+
+    #[test]
+    fn exclusive_groups_rebalance_and_expire() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 4);
+        assert_eq!(join(&mut s, "m1", 1000), Response::Membership { generation: 1, partitions: vec![0, 1, 2, 3] });
+        assert_eq!(join(&mut s, "m2", 1000), Response::Membership { generation: 2, partitions: vec![1, 3] });
+        assert_eq!(join(&mut s, "m1", 2000), Response::Membership { generation: 2, partitions: vec![0, 2] });
+        // m2 stops heartbeating; m1's next heartbeat after the session timeout takes everything.
+        assert_eq!(join(&mut s, "m1", 11_500), Response::Membership { generation: 3, partitions: vec![0, 1, 2, 3] });
+        let shared = s.apply(&Command::JoinGroup {
+            group: "g".into(),
+            topic: "t".into(),
+            member: "x".into(),
+            mode: GroupMode::Shared,
+            session_timeout_ms: 10_000,
+            now_ms: 11_500,
+        });
+        assert!(matches!(shared, Response::Error { error: MetadataError::GroupModeMismatch { .. } }));
+    }
+
+    #[test]
+    fn ack_floor_never_moves_backwards() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        join(&mut s, "m1", 1);
+        let commit = |s: &mut MetadataState, floor, acked: Vec<(u64, u64)>| {
+            s.apply(&Command::CommitAcks { group: "g".into(), topic: "t".into(), partition: 0, floor, acked })
+        };
+        assert_eq!(commit(&mut s, 10, vec![(12, 14)]), Response::Ok);
+        assert_eq!(commit(&mut s, 5, vec![(11, 11)]), Response::Ok);
+        let cp = &s.groups["g"].topics["t"].acks[&0];
+        assert_eq!(cp.floor, 10);
+        assert_eq!(cp.acked, vec![(11, 14)]);
+        assert_eq!(commit(&mut s, 11, vec![]), Response::Ok);
+        let cp = &s.groups["g"].topics["t"].acks[&0];
+        assert_eq!((cp.floor, cp.acked.clone()), (15, vec![]));
+        assert!(matches!(commit(&mut s, 1, vec![]), Response::Ok));
+        assert_eq!(s.groups["g"].topics["t"].acks[&0].floor, 15);
+    }
+
+    proptest! {
+        #[test]
+        fn ack_merge_keeps_every_acked_offset(
+            steps in proptest::collection::vec((0u64..50, proptest::collection::vec((0u64..60, 0u64..5), 0..6)), 1..8)
+        ) {
+            let mut cp = AckCheckpoint::default();
+            let mut acked = std::collections::BTreeSet::new();
+            let mut last_floor = 0;
+            for (floor, ranges) in steps {
+                let ranges: Vec<(u64, u64)> = ranges.into_iter().map(|(a, len)| (a, a + len)).collect();
+                acked.extend(0..floor);
+                for (a, b) in &ranges { acked.extend(*a..=*b); }
+                cp.merge(floor, &ranges);
+                prop_assert!(cp.floor >= last_floor);
+                last_floor = cp.floor;
+                for o in 0..80u64 {
+                    prop_assert_eq!(cp.is_acked(o), acked.contains(&o), "offset {}", o);
+                }
+                for w in cp.acked.windows(2) {
+                    prop_assert!(w[0].1 + 1 < w[1].0, "ranges are disjoint and not adjacent");
+                }
+                if let Some(first) = cp.acked.first() { prop_assert!(first.0 > cp.floor); }
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! [`StateMachineStore`]: the applied [`MetadataState`] with its snapshots, implementing
+//! openraft's [`RaftStateMachine`] and [`RaftSnapshotBuilder`].
+//!
+//! `apply` changes memory only. Durability comes from the Raft log plus snapshots: the latest
+//! snapshot is kept in the file `snapshot` of the store's directory, written atomically (write
+//! `snapshot.tmp`, fsync, rename, fsync the directory), as two [frame](crate::frame)s: the JSON
+//! of the [`SnapshotMeta`], then the JSON of the [`MetadataState`]. [`StateMachineStore::open`]
+//! starts from that snapshot and openraft re-applies the committed log entries after it.
+//!
+//! Readers run closures over the current state with [`StateMachineStore::read`] and wait for
+//! changes with [`StateMachineStore::subscribe`].
+
+use std::io::{self, Cursor};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{AnyError, OptionalSend, RaftSnapshotBuilder, StorageIOError};
+use tokio::sync::watch;
+
+use crate::atomic_file::{self, read_frames, write_atomically};
+use crate::frame;
+use crate::raft_types::{Entry, EntryPayload, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::state::{MetadataState, Response};
+
+const SNAPSHOT_FILE: &str = "snapshot";
+/// Largest snapshot file section accepted when reading one back (4 GiB - 1, the frame limit).
+const SNAPSHOT_BYTES_MAX: usize = u32::MAX as usize;
+
+/// The replicated state machine of one metadata node. Cloning is cheap and shares the state.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    applied: RwLock<Applied>,
+    /// The latest durable snapshot. Its lock also orders snapshot file writes.
+    snapshot: Mutex<Option<StoredSnapshot>>,
+    changes: watch::Sender<Option<LogId>>,
+    /// Makes snapshot ids unique within this process; seeded with the clock across restarts.
+    snapshot_seq: AtomicU64,
+}
+
+/// The state and how far it reaches in the log.
+struct Applied {
+    state: MetadataState,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+}
+
+#[derive(Clone)]
+struct StoredSnapshot {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+impl StateMachineStore {
+    /// Opens the store in `dir`, creating it if needed, and loads the latest snapshot. A damaged
+    /// snapshot is an `InvalidData` error naming the file. Blocks on file I/O.
+    pub fn open(dir: &Path) -> io::Result<StateMachineStore> {
+        std::fs::create_dir_all(dir)?;
+        atomic_file::remove_tmp_files(dir)?;
+        let snapshot = read_snapshot(dir)?;
+        let applied = match &snapshot {
+            Some(s) => Applied {
+                state: decode_state(&s.data).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{} holds no metadata state: {e}", dir.join(SNAPSHOT_FILE).display()),
+                    )
+                })?,
+                last_applied: s.meta.last_log_id,
+                last_membership: s.meta.last_membership.clone(),
+            },
+            None => Applied {
+                state: MetadataState::default(),
+                last_applied: None,
+                last_membership: StoredMembership::default(),
+            },
+        };
+        tracing::info!(
+            dir = %dir.display(),
+            snapshot = ?snapshot.as_ref().map(|s| &s.meta.snapshot_id),
+            last_applied = ?applied.last_applied,
+            "opened the metadata state machine"
+        );
+        let clock_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let (changes, _) = watch::channel(applied.last_applied);
+        Ok(StateMachineStore {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                applied: RwLock::new(applied),
+                snapshot: Mutex::new(snapshot),
+                changes,
+                snapshot_seq: AtomicU64::new(clock_ms),
+            }),
+        })
+    }
+
+    /// Runs `f` over the current state, as of the last applied entry.
+    pub fn read<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> T {
+        f(&self.applied().state)
+    }
+
+    /// The id of the last applied log entry.
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.applied().last_applied
+    }
+
+    /// A channel that holds the last applied log id and changes on every apply or snapshot
+    /// install. Wait with `changed()`, then [`read`](Self::read).
+    pub fn subscribe(&self) -> watch::Receiver<Option<LogId>> {
+        self.inner.changes.subscribe()
+    }
+
+    fn applied(&self) -> std::sync::RwLockReadGuard<'_, Applied> {
+        // `apply` never leaves the state half-changed, so the state behind a lock poisoned by
+        // a panicking reader is still consistent.
+        self.inner.applied.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn applied_mut(&self) -> std::sync::RwLockWriteGuard<'_, Applied> {
+        self.inner.applied.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `snapshot` to disk unless a newer one is there, then makes it current.
+    async fn persist_snapshot(&self, snapshot: StoredSnapshot) -> Result<(), StorageError> {
+        let inner = Arc::clone(&self.inner);
+        let signature = snapshot.meta.signature();
+        tokio::task::spawn_blocking(move || -> io::Result<()> {
+            let mut current = inner.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+            if current.as_ref().is_some_and(|c| c.meta.last_log_id > snapshot.meta.last_log_id) {
+                return Ok(());
+            }
+            let mut bytes = Vec::with_capacity(snapshot.data.len() + 1024);
+            frame::encode_into(&mut bytes, &serde_json::to_vec(&snapshot.meta)?)?;
+            frame::encode_into(&mut bytes, &snapshot.data)?;
+            write_atomically(&inner.dir, SNAPSHOT_FILE, &bytes)?;
+            *current = Some(snapshot);
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), AnyError::error(e)))?
+        .map_err(|e| StorageIOError::write_snapshot(Some(signature), &e))?;
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (state, last_applied, last_membership) = {
+            let applied = self.applied();
+            (applied.state.clone(), applied.last_applied, applied.last_membership.clone())
+        };
+        let data = tokio::task::spawn_blocking(move || serde_json::to_vec(&state))
+            .await
+            .map_err(|e| StorageIOError::read_state_machine(AnyError::error(e)))?
+            .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let seq = self.inner.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match last_applied {
+            Some(id) => format!("{}-{}-{}-{seq}", id.leader_id.term, id.leader_id.node_id, id.index),
+            None => format!("none-{seq}"),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership, snapshot_id };
+        self.persist_snapshot(StoredSnapshot { meta: meta.clone(), data: data.clone() }).await?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "built a metadata snapshot");
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let applied = self.applied();
+        Ok((applied.last_applied, applied.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let last_applied = {
+            let mut applied = self.applied_mut();
+            for entry in entries {
+                applied.last_applied = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::Ok,
+                    EntryPayload::Normal(command) => applied.state.apply(&command),
+                    EntryPayload::Membership(membership) => {
+                        applied.last_membership = StoredMembership::new(Some(entry.log_id), membership);
+                        Response::Ok
+                    }
+                };
+                responses.push(response);
+            }
+            applied.last_applied
+        };
+        self.inner.changes.send_replace(last_applied);
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let state = decode_state(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        self.persist_snapshot(StoredSnapshot { meta: meta.clone(), data }).await?;
+        {
+            let mut applied = self.applied_mut();
+            applied.state = state;
+            applied.last_applied = meta.last_log_id;
+            applied.last_membership = meta.last_membership.clone();
+        }
+        self.inner.changes.send_replace(meta.last_log_id);
+        tracing::info!(snapshot = %meta.snapshot_id, "installed a metadata snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let current = self.inner.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        Ok(current.map(|s| Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+    }
+}
+
+fn decode_state(data: &[u8]) -> Result<MetadataState, serde_json::Error> {
+    serde_json::from_slice(data)
+}
+
+/// Reads the snapshot file of `dir`, if there is one.
+fn read_snapshot(dir: &Path) -> io::Result<Option<StoredSnapshot>> {
+    let Some(frames) = read_frames(dir, SNAPSHOT_FILE, SNAPSHOT_BYTES_MAX)? else {
+        return Ok(None);
+    };
+    let path = dir.join(SNAPSHOT_FILE);
+    let invalid = |reason: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("snapshot {} is damaged: {reason}; refusing to start", path.display()),
+        )
+    };
+    let [meta, data] = <[Vec<u8>; 2]>::try_from(frames)
+        .map_err(|frames| invalid(format!("expected 2 sections, found {}", frames.len())))?;
+    let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| invalid(e.to_string()))?;
+    Ok(Some(StoredSnapshot { meta, data }))
+}
