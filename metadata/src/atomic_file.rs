@@ -57,13 +57,12 @@ pub(crate) fn read_frames(
     let mut frames = Vec::new();
     let mut offset = 0;
     while offset < bytes.len() {
-        let (payload, frame_bytes) = frame::decode(&bytes[offset..], payload_bytes_max)
-            .map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} is damaged at byte offset {offset}: {e}", path.display()),
-                )
-            })?;
+        let (payload, frame_bytes) = frame::decode(&bytes[offset..], payload_bytes_max).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is damaged at byte offset {offset}: {e}", path.display()),
+            )
+        })?;
         frames.push(payload.to_vec());
         offset += frame_bytes;
     }

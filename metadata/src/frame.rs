@@ -37,15 +37,13 @@ pub(crate) enum FrameError {
 impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FrameError::Truncated { needed_bytes, available_bytes } => write!(
-                f,
-                "record needs {needed_bytes} bytes but only {available_bytes} remain"
-            ),
+            FrameError::Truncated { needed_bytes, available_bytes } => {
+                write!(f, "record needs {needed_bytes} bytes but only {available_bytes} remain")
+            }
             FrameError::BadLength { len_bytes } => write!(f, "implausible record length {len_bytes}"),
-            FrameError::Checksum { stored, computed } => write!(
-                f,
-                "CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})"
-            ),
+            FrameError::Checksum { stored, computed } => {
+                write!(f, "CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})")
+            }
         }
     }
 }
@@ -53,15 +51,12 @@ impl fmt::Display for FrameError {
 /// Appends one frame holding `payload` to `buf`. Fails for an empty payload or one of 4 GiB or
 /// more.
 pub(crate) fn encode_into(buf: &mut Vec<u8>, payload: &[u8]) -> std::io::Result<()> {
-    let len = u32::try_from(payload.len())
-        .ok()
-        .filter(|len| *len > 0)
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("cannot frame a payload of {} bytes", payload.len()),
-            )
-        })?;
+    let len = u32::try_from(payload.len()).ok().filter(|len| *len > 0).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("cannot frame a payload of {} bytes", payload.len()),
+        )
+    })?;
     let len_bytes = len.to_le_bytes();
     let crc = crc32c::crc32c_append(crc32c::crc32c(&len_bytes), payload);
     buf.reserve(HEADER_BYTES + payload.len());

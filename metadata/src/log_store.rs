@@ -2,9 +2,11 @@
 //! files, implementing openraft's [`RaftLogStorage`] and [`RaftLogReader`].
 //!
 //! # Layout of the directory
-//! - `vote`, `committed`, `purged`: one [frame](crate::frame) each, holding the JSON of the vote,
-//!   of the last committed log id and of the last purged log id. Each is replaced atomically
-//!   (write `<name>.tmp`, fsync, rename, fsync the directory).
+//! Every file holds frames: `len: u32 LE | crc: u32 LE | payload`, where `crc` is the CRC-32C of
+//! the length bytes and the payload.
+//! - `vote`, `committed`, `purged`: one frame each, holding the JSON of the vote, of the last
+//!   committed log id and of the last purged log id. Each is replaced atomically (write
+//!   `<name>.tmp`, fsync, rename, fsync the directory).
 //! - `<seq>.log` (`seq` is a 20-digit sequence number): segments of the log. Each holds frames,
 //!   one per entry, with the entry's JSON. Only the last segment, the active one, is appended to;
 //!   a new one starts once it reaches [`LogStoreOptions::segment_bytes_max`]. [`purge`] deletes
@@ -181,12 +183,7 @@ impl LogStore {
             "opened the raft log"
         );
         Ok(LogStore {
-            index: Arc::new(RwLock::new(LogIndex {
-                entries: scan.entries,
-                last_purged,
-                vote,
-                committed,
-            })),
+            index: Arc::new(RwLock::new(LogIndex { entries: scan.entries, last_purged, vote, committed })),
             writer: Arc::new(Mutex::new(LogWriter {
                 dir: dir.to_path_buf(),
                 segment_bytes_max: options.segment_bytes_max,
@@ -206,9 +203,8 @@ impl LogStore {
     {
         let writer = Arc::clone(&self.writer);
         tokio::task::spawn_blocking(move || {
-            let mut writer = writer
-                .lock()
-                .map_err(|_| io::Error::other("the raft log writer panicked earlier"))?;
+            let mut writer =
+                writer.lock().map_err(|_| io::Error::other("the raft log writer panicked earlier"))?;
             writer.guarded(op)
         })
         .await
@@ -247,12 +243,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState, StorageError> {
         let index = self.read_index()?;
-        let last_log_id = index
-            .entries
-            .values()
-            .next_back()
-            .map(|e| e.log_id)
-            .or(index.last_purged);
+        let last_log_id = index.entries.values().next_back().map(|e| e.log_id).or(index.last_purged);
         Ok(LogState { last_purged_log_id: index.last_purged, last_log_id })
     }
 
@@ -314,9 +305,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let since = log_id.index;
         tracing::debug!(since, "truncating the raft log");
-        self.with_writer(move |w| w.truncate(since))
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.with_writer(move |w| w.truncate(since)).await.map_err(|e| StorageIOError::write_logs(&e))?;
         self.write_index()?.entries.split_off(&since);
         Ok(())
     }
@@ -329,9 +318,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(upto = log_id.index, "purging the raft log");
         let bytes = encode_meta(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         let upto = log_id.index;
-        self.with_writer(move |w| w.purge(upto, &bytes))
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.with_writer(move |w| w.purge(upto, &bytes)).await.map_err(|e| StorageIOError::write_logs(&e))?;
         let mut index = self.write_index()?;
         index.last_purged = Some(log_id);
         index.entries = index.entries.split_off(&upto.saturating_add(1));
@@ -524,7 +511,11 @@ impl Scan {
                 Ok(decoded) => decoded,
                 Err(e) => {
                     if !is_last {
-                        return Err(corrupt(&path, offset, &format!("{e}, in a segment that is not the last")));
+                        return Err(corrupt(
+                            &path,
+                            offset,
+                            &format!("{e}, in a segment that is not the last"),
+                        ));
                     }
                     if let Some(next) = find_valid_record(&bytes, offset + 1) {
                         return Err(corrupt(
@@ -743,7 +734,8 @@ mod tests {
         store.purge(log_id(1, 10)).await.unwrap();
         assert!(segment_files(dir.path()).len() < segments_before_purge, "purge deletes segments");
 
-        let expected: Vec<LogId> = (11..25).map(|i| log_id(1, i)).chain((25..28).map(|i| log_id(2, i))).collect();
+        let expected: Vec<LogId> =
+            (11..25).map(|i| log_id(1, i)).chain((25..28).map(|i| log_id(2, i))).collect();
         assert_eq!(ids(&mut store).await, expected);
         drop(store);
 
@@ -757,14 +749,17 @@ mod tests {
         );
         let got = store.try_get_log_entries(12..14).await.unwrap();
         assert_eq!(got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), [12, 13]);
-        assert!(matches!(&got[0].payload, EntryPayload::Normal(Command::CreateTopic { name, .. }) if name == "topic-12"));
+        assert!(
+            matches!(&got[0].payload, EntryPayload::Normal(Command::CreateTopic { name, .. }) if name == "topic-12")
+        );
 
         // Truncating inside an older segment drops the later segments.
         store.truncate(log_id(1, 13)).await.unwrap();
         store.blocking_append(entries(3, 13..15)).await.unwrap();
         drop(store);
         let mut store = LogStore::open_with(dir.path(), small_segments()).unwrap();
-        let expected: Vec<LogId> = (11..13).map(|i| log_id(1, i)).chain((13..15).map(|i| log_id(3, i))).collect();
+        let expected: Vec<LogId> =
+            (11..13).map(|i| log_id(1, i)).chain((13..15).map(|i| log_id(3, i))).collect();
         assert_eq!(ids(&mut store).await, expected);
     }
 
@@ -880,7 +875,8 @@ mod tests {
         // anywhere else.
         let len = fs::metadata(&files[0]).unwrap().len();
         OpenOptions::new().write(true).open(&files[0]).unwrap().set_len(len - 3).unwrap();
-        let message = LogStore::open_with(dir.path(), small_segments()).err().expect("open must fail").to_string();
+        let message =
+            LogStore::open_with(dir.path(), small_segments()).err().expect("open must fail").to_string();
         assert!(message.contains(&files[0].display().to_string()), "{message}");
         assert!(message.contains("not the last"), "{message}");
     }

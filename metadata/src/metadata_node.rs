@@ -14,6 +14,7 @@ use std::time::Duration;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, Fatal, ForwardToLeader, RaftError};
 use openraft::network::RaftNetworkFactory;
 use openraft::{Config, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::log_store::{LogStore, LogStoreOptions, SEGMENT_BYTES_MAX_DEFAULT};
@@ -30,7 +31,9 @@ const LOG_DIR: &str = "raft-log";
 const STATE_MACHINE_DIR: &str = "state-machine";
 
 /// Tunables of a [`MetadataNode`]. `Default` suits production; tests shrink the thresholds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Deserializable with defaults for every missing field; unknown fields are an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct MetadataNodeOptions {
     /// Build a snapshot once this many entries were applied since the last one.
     pub snapshot_logs_since_last: u64,
@@ -155,10 +158,9 @@ impl MetadataNode {
         if !self.raft.is_initialized().await.map_err(|e| stopped(&e))? {
             tracing::info!(node_id, %addr, "initializing a single-node metadata cluster");
             let members = BTreeMap::from([(node_id, BasicNode::new(addr))]);
-            self.raft
-                .initialize(members)
-                .await
-                .map_err(|e| MetadataError::Unavailable(format!("cannot initialize the metadata cluster: {e}")))?;
+            self.raft.initialize(members).await.map_err(|e| {
+                MetadataError::Unavailable(format!("cannot initialize the metadata cluster: {e}"))
+            })?;
         }
         let voters: BTreeSet<NodeId> = self
             .raft
@@ -176,7 +178,9 @@ impl MetadataNode {
                 .state(ServerState::Leader, "single metadata node becomes leader")
                 .await
                 .map_err(|e| {
-                    MetadataError::Unavailable(format!("node {node_id} did not become the metadata leader: {e}"))
+                    MetadataError::Unavailable(format!(
+                        "node {node_id} did not become the metadata leader: {e}"
+                    ))
                 })?;
         }
         Ok(())
@@ -194,9 +198,8 @@ impl MetadataNode {
     /// [`REQUEST_TIMEOUT`], or the node stopped. After a timeout the command may still be applied
     /// later, so commands should be safe to retry (epochs and expected values make them so).
     pub async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
-        let written = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(cmd))
-            .await
-            .map_err(|_| {
+        let written =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(cmd)).await.map_err(|_| {
                 MetadataError::Unavailable(format!(
                     "metadata write not committed within {} s (no quorum?)",
                     REQUEST_TIMEOUT.as_secs()
@@ -215,9 +218,8 @@ impl MetadataNode {
     /// Runs `f` over a state that includes every write committed before this call (a read-index
     /// read: this node first confirms it still leads).
     pub async fn read<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> Result<T, MetadataError> {
-        let confirmed = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable())
-            .await
-            .map_err(|_| {
+        let confirmed =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable()).await.map_err(|_| {
                 MetadataError::Unavailable(format!(
                     "metadata read could not confirm leadership within {} s (no quorum?)",
                     REQUEST_TIMEOUT.as_secs()
@@ -269,10 +271,138 @@ fn not_leader(f: &ForwardToLeader<NodeId, BasicNode>) -> MetadataError {
             format!("this metadata node is not the leader; the leader is node {id} at {}", node.addr)
         }
         (Some(id), None) => format!("this metadata node is not the leader; the leader is node {id}"),
-        (None, _) => "this metadata node is not the leader and no leader is known yet; retry shortly".to_string(),
+        (None, _) => {
+            "this metadata node is not the leader and no leader is known yet; retry shortly".to_string()
+        }
     })
 }
 
 fn stopped(f: &Fatal<NodeId>) -> MetadataError {
     MetadataError::Unavailable(format!("the metadata raft node has stopped: {f}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::state::GroupMode;
+
+    fn create_topic(name: &str, partitions: u32) -> Command {
+        Command::CreateTopic { name: name.to_string(), partitions, config: BTreeMap::new(), now_ms: 1_000 }
+    }
+
+    fn addr() -> String {
+        "127.0.0.1:7000".to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn restart_keeps_committed_state_and_accepts_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = MetadataNode::open(dir.path(), 1, addr()).await.unwrap();
+        assert_eq!(node.metrics().borrow().current_leader, Some(1));
+        let changes = node.changes();
+
+        assert!(matches!(node.write(create_topic("orders", 3)).await.unwrap(), Response::Topic { .. }));
+        assert!(changes.has_changed().unwrap(), "applying a write ticks the change channel");
+        let epoch = node
+            .write(Command::ClaimWriter {
+                topic: "orders".into(),
+                partition: 1,
+                agent: "agent-a".into(),
+                expected_epoch: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(epoch, Response::Epoch { epoch: 1 });
+        node.write(Command::JoinGroup {
+            group: "billing".into(),
+            topic: "orders".into(),
+            member: "m1".into(),
+            mode: GroupMode::Exclusive,
+            session_timeout_ms: 30_000,
+            now_ms: 1_000,
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            node.write(create_topic("orders", 1)).await,
+            Err(MetadataError::TopicExists("orders".into())),
+            "domain errors come back as Err"
+        );
+        let before = node.read(|s| s.clone()).await.unwrap();
+        assert_eq!(before.topics["orders"].partitions[1].writer.as_deref(), Some("agent-a"));
+        node.shutdown().await;
+        assert!(matches!(node.write(create_topic("late", 1)).await, Err(MetadataError::Unavailable(_))));
+
+        let node = MetadataNode::open(dir.path(), 1, addr()).await.unwrap();
+        assert_eq!(node.read(|s| s.clone()).await.unwrap(), before);
+        assert_eq!(node.read_local(|s| s.clone()), before);
+        node.write(create_topic("payments", 2)).await.unwrap();
+        let topics = node.read(|s| s.topics.keys().cloned().collect::<Vec<_>>()).await.unwrap();
+        assert_eq!(topics, ["orders", "payments"]);
+        node.shutdown().await;
+
+        let err = MetadataNode::open(dir.path(), 2, addr()).await.unwrap_err();
+        assert!(err.to_string().contains("does not include node 2"), "{err}");
+    }
+
+    fn log_bytes(dir: &Path) -> (usize, u64) {
+        let mut files = 0;
+        let mut bytes = 0;
+        for entry in std::fs::read_dir(dir.join(LOG_DIR)).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_name().to_string_lossy().ends_with(".log") {
+                files += 1;
+                bytes += entry.metadata().unwrap().len();
+            }
+        }
+        (files, bytes)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn snapshots_bound_the_log_and_restore_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = MetadataNodeOptions {
+            snapshot_logs_since_last: 20,
+            snapshot_logs_to_keep: 5,
+            purge_batch_size: 1,
+            log_segment_bytes_max: 1024,
+            ..MetadataNodeOptions::default()
+        };
+        let node = MetadataNode::open_with(dir.path(), 1, addr(), options.clone()).await.unwrap();
+        let writes = 300;
+        for i in 0..writes {
+            node.write(create_topic(&format!("topic-{i:03}"), 1)).await.unwrap();
+        }
+        let last_index = node.metrics().borrow().last_log_index.unwrap();
+        let metrics = node
+            .raft()
+            .wait(Some(REQUEST_TIMEOUT))
+            .metrics(
+                |m| {
+                    m.snapshot.is_some_and(|s| s.index + 20 > last_index)
+                        && m.purged.is_some_and(|p| p.index + 30 > last_index)
+                },
+                "snapshot and purge catch up",
+            )
+            .await
+            .unwrap();
+        let (files, bytes) = log_bytes(dir.path());
+        // Unbounded, the log would hold 300 entries of ~200 bytes in ~60 segments.
+        assert!(files <= 8 && bytes <= 8 * 1024, "{files} segment files, {bytes} bytes");
+        let before = node.read(|s| s.clone()).await.unwrap();
+        assert_eq!(before.topics.len(), writes);
+        node.shutdown().await;
+
+        let node = MetadataNode::open_with(dir.path(), 1, addr(), options).await.unwrap();
+        let reopened = node.metrics().borrow().clone();
+        let purged = reopened.purged.expect("the log starts after a purge point");
+        assert!(purged.index >= metrics.purged.unwrap().index);
+        assert!(reopened.snapshot.is_some_and(|s| s.index >= purged.index), "state starts from the snapshot");
+        assert_eq!(node.read(|s| s.clone()).await.unwrap(), before);
+        node.write(create_topic("after-restart", 1)).await.unwrap();
+        assert_eq!(node.read_local(|s| s.topics.len()), writes + 1);
+        node.shutdown().await;
+    }
 }

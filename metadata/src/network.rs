@@ -8,8 +8,8 @@
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 
 use crate::raft_types::{BasicNode, NodeId, TypeConfig};
@@ -26,7 +26,9 @@ pub struct UnreachablePeer {
 
 /// Why an RPC failed.
 #[derive(Debug, thiserror::Error)]
-#[error("metadata node {target} is unreachable: this node runs the single-node network, which has no transport")]
+#[error(
+    "metadata node {target} is unreachable: this node runs the single-node network, which has no transport"
+)]
 struct NoTransport {
     target: NodeId,
 }
@@ -58,8 +60,10 @@ impl RaftNetwork<TypeConfig> for UnreachablePeer {
         &mut self,
         _rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
-    {
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
         Err(self.unreachable())
     }
 

@@ -57,10 +57,7 @@ pub struct Partition {
 impl Partition {
     /// The offset the next new segment must start at: one past the last sealed record.
     pub fn next_segment_base(&self) -> u64 {
-        self.segments
-            .values()
-            .next_back()
-            .map_or(0, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
+        self.segments.values().next_back().map_or(0, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
     }
 
     /// The segment that is open for appends, if any.
@@ -471,13 +468,13 @@ impl MetadataState {
                     member.clone(),
                     Member { last_seen_ms: *now_ms, session_timeout_ms: *session_timeout_ms },
                 );
-                gt.members
-                    .retain(|_, m| m.last_seen_ms.saturating_add(m.session_timeout_ms) >= *now_ms);
+                gt.members.retain(|_, m| m.last_seen_ms.saturating_add(m.session_timeout_ms) >= *now_ms);
                 gt.rebalance(*mode, partitions);
                 Ok(gt.membership(*mode, member, partitions))
             }
             Command::LeaveGroup { group, topic, member } => {
-                let g = self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
+                let g =
+                    self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
                 let mode = g.mode;
                 let partitions = self.topics.get(topic).map_or(0, |t| t.partitions.len() as u32);
                 if let Some(gt) = g.topics.get_mut(topic) {
@@ -490,14 +487,18 @@ impl MetadataState {
             Command::CommitAcks { group, topic, partition, floor, acked } => {
                 let partitions = self.topic(topic)?.partitions.len() as u32;
                 if *partition >= partitions {
-                    return Err(MetadataError::UnknownPartition { topic: topic.clone(), partition: *partition });
+                    return Err(MetadataError::UnknownPartition {
+                        topic: topic.clone(),
+                        partition: *partition,
+                    });
                 }
                 if acked.len() > ACKED_RANGES_MAX {
                     return Err(MetadataError::InvalidArgument(format!(
                         "an ack checkpoint may carry at most {ACKED_RANGES_MAX} ranges"
                     )));
                 }
-                let g = self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
+                let g =
+                    self.groups.get_mut(group).ok_or_else(|| MetadataError::UnknownGroup(group.clone()))?;
                 let gt = g.topics.entry(topic.clone()).or_default();
                 let cp = gt.acks.entry(*partition).or_default();
                 cp.merge(*floor, acked);
@@ -576,7 +577,8 @@ impl AckCheckpoint {
     /// Merges a newer checkpoint into this one. The floor never moves backwards and no
     /// acknowledged offset is forgotten.
     pub fn merge(&mut self, floor: u64, acked: &[(u64, u64)]) {
-        let mut ranges: Vec<(u64, u64)> = self.acked.iter().chain(acked.iter()).copied().filter(|(a, b)| a <= b).collect();
+        let mut ranges: Vec<(u64, u64)> =
+            self.acked.iter().chain(acked.iter()).copied().filter(|(a, b)| a <= b).collect();
         ranges.sort_unstable();
         let mut floor = self.floor.max(floor);
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
@@ -645,10 +647,7 @@ mod tests {
         assert!(matches!(create(&mut s, "t", 4), Response::Topic { .. }));
         assert_eq!(s.topics["t"].partitions.len(), 4);
         let before = s.clone();
-        assert!(matches!(
-            create(&mut s, "t", 2),
-            Response::Error { error: MetadataError::TopicExists(_) }
-        ));
+        assert!(matches!(create(&mut s, "t", 2), Response::Error { error: MetadataError::TopicExists(_) }));
         assert_eq!(s, before, "a refused command changes nothing");
         assert!(matches!(create(&mut s, "u", 0), Response::Error { .. }));
         assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
@@ -662,7 +661,12 @@ mod tests {
         let mut s = MetadataState::default();
         create(&mut s, "t", 1);
         let claim = |s: &mut MetadataState| {
-            s.apply(&Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "a".into(), expected_epoch: None })
+            s.apply(&Command::ClaimWriter {
+                topic: "t".into(),
+                partition: 0,
+                agent: "a".into(),
+                expected_epoch: None,
+            })
         };
         assert_eq!(claim(&mut s), Response::Epoch { epoch: 1 });
         let open = |s: &mut MetadataState, epoch, base| {
@@ -694,10 +698,7 @@ mod tests {
         assert!(matches!(open(&mut s, 1, 5), Response::Error { .. }), "no gaps or overlaps");
         assert_eq!(open(&mut s, 1, 10), Response::Ok);
         assert_eq!(claim(&mut s), Response::Epoch { epoch: 2 });
-        assert!(matches!(
-            seal(&mut s, 1, 10, 3),
-            Response::Error { error: MetadataError::Fenced { .. } }
-        ));
+        assert!(matches!(seal(&mut s, 1, 10, 3), Response::Error { error: MetadataError::Fenced { .. } }));
         assert_eq!(seal(&mut s, 2, 10, 0), Response::Ok, "an empty segment is dropped");
         assert_eq!(s.topics["t"].partitions[0].next_segment_base(), 10);
         assert_eq!(s.topics["t"].partitions[0].segments[&0].last_offset, Some(9));
@@ -707,11 +708,17 @@ mod tests {
     fn exclusive_groups_rebalance_and_expire() {
         let mut s = MetadataState::default();
         create(&mut s, "t", 4);
-        assert_eq!(join(&mut s, "m1", 1000), Response::Membership { generation: 1, partitions: vec![0, 1, 2, 3] });
+        assert_eq!(
+            join(&mut s, "m1", 1000),
+            Response::Membership { generation: 1, partitions: vec![0, 1, 2, 3] }
+        );
         assert_eq!(join(&mut s, "m2", 1000), Response::Membership { generation: 2, partitions: vec![1, 3] });
         assert_eq!(join(&mut s, "m1", 2000), Response::Membership { generation: 2, partitions: vec![0, 2] });
         // m2 stops heartbeating; m1's next heartbeat after the session timeout takes everything.
-        assert_eq!(join(&mut s, "m1", 11_500), Response::Membership { generation: 3, partitions: vec![0, 1, 2, 3] });
+        assert_eq!(
+            join(&mut s, "m1", 11_500),
+            Response::Membership { generation: 3, partitions: vec![0, 1, 2, 3] }
+        );
         let shared = s.apply(&Command::JoinGroup {
             group: "g".into(),
             topic: "t".into(),

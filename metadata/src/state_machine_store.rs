@@ -3,7 +3,7 @@
 //!
 //! `apply` changes memory only. Durability comes from the Raft log plus snapshots: the latest
 //! snapshot is kept in the file `snapshot` of the store's directory, written atomically (write
-//! `snapshot.tmp`, fsync, rename, fsync the directory), as two [frame](crate::frame)s: the JSON
+//! `snapshot.tmp`, fsync, rename, fsync the directory), as two length + CRC-32C frames: the JSON
 //! of the [`SnapshotMeta`], then the JSON of the [`MetadataState`]. [`StateMachineStore::open`]
 //! starts from that snapshot and openraft re-applies the committed log entries after it.
 //!
@@ -22,7 +22,9 @@ use tokio::sync::watch;
 
 use crate::atomic_file::{self, read_frames, write_atomically};
 use crate::frame;
-use crate::raft_types::{Entry, EntryPayload, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::raft_types::{
+    Entry, EntryPayload, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
 use crate::state::{MetadataState, Response};
 
 const SNAPSHOT_FILE: &str = "snapshot";
@@ -118,8 +120,9 @@ impl StateMachineStore {
     }
 
     fn applied(&self) -> std::sync::RwLockReadGuard<'_, Applied> {
-        // `apply` never leaves the state half-changed, so the state behind a lock poisoned by
-        // a panicking reader is still consistent.
+        // Readers cannot change the state, so a lock poisoned by a panicking reader guards a
+        // consistent state. A panic inside `apply` stops the Raft node (openraft reports it as
+        // fatal), after which local reads see the state as the panic left it.
         self.inner.applied.read().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -220,7 +223,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let state = decode_state(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let state =
+            decode_state(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         self.persist_snapshot(StoredSnapshot { meta: meta.clone(), data }).await?;
         {
             let mut applied = self.applied_mut();
@@ -259,4 +263,101 @@ fn read_snapshot(dir: &Path) -> io::Result<Option<StoredSnapshot>> {
         .map_err(|frames| invalid(format!("expected 2 sections, found {}", frames.len())))?;
     let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| invalid(e.to_string()))?;
     Ok(Some(StoredSnapshot { meta, data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use openraft::{CommittedLeaderId, Membership};
+
+    use super::*;
+    use crate::raft_types::BasicNode;
+    use crate::state::Command;
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    fn create_topic(index: u64, name: &str) -> Entry {
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(Command::CreateTopic {
+                name: name.to_string(),
+                partitions: 2,
+                config: BTreeMap::new(),
+                now_ms: 7,
+            }),
+        }
+    }
+
+    fn membership(index: u64) -> Entry {
+        let nodes = BTreeMap::from([(1, BasicNode::new("127.0.0.1:1"))]);
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1])], nodes)),
+        }
+    }
+
+    #[tokio::test]
+    async fn applies_commands_and_restores_from_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachineStore::open(dir.path()).unwrap();
+        let mut changes = sm.subscribe();
+        let responses = sm.apply([membership(0), create_topic(1, "a"), create_topic(2, "a")]).await.unwrap();
+        assert_eq!(responses[0], Response::Ok);
+        assert!(matches!(responses[1], Response::Topic { .. }));
+        assert!(matches!(responses[2], Response::Error { .. }), "duplicate topic is refused");
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(*changes.borrow_and_update(), Some(log_id(2)));
+        assert_eq!(sm.read(|s| s.topics.len()), 1);
+
+        let state_at_snapshot = sm.read(|s| s.clone());
+        let membership_at_snapshot = sm.applied_state().await.unwrap().1;
+        let snapshot = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert_eq!(snapshot.meta.last_log_id, Some(log_id(2)));
+        sm.apply([create_topic(3, "b")]).await.unwrap();
+        drop(sm);
+
+        // Memory is lost; the snapshot is what survives. openraft re-applies the log after it.
+        let mut sm = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(sm.read(|s| s.clone()), state_at_snapshot);
+        assert_eq!(sm.applied_state().await.unwrap(), (Some(log_id(2)), membership_at_snapshot));
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, snapshot.meta);
+    }
+
+    #[tokio::test]
+    async fn installed_snapshot_is_durable() {
+        let leader_dir = tempfile::tempdir().unwrap();
+        let mut leader = StateMachineStore::open(leader_dir.path()).unwrap();
+        leader.apply([membership(0), create_topic(1, "x")]).await.unwrap();
+        let snapshot = leader.get_snapshot_builder().await.build_snapshot().await.unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut follower = StateMachineStore::open(dir.path()).unwrap();
+        follower.apply([create_topic(0, "stale")]).await.unwrap();
+        follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+        assert_eq!(follower.read(|s| s.topics.keys().cloned().collect::<Vec<_>>()), ["x"]);
+        drop(follower);
+        let mut follower = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(follower.read(|s| s.clone()), leader.read(|s| s.clone()));
+        assert_eq!(follower.applied_state().await.unwrap().0, Some(log_id(1)));
+    }
+
+    #[tokio::test]
+    async fn damaged_snapshot_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachineStore::open(dir.path()).unwrap();
+        sm.apply([create_topic(0, "a")]).await.unwrap();
+        sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        drop(sm);
+        let path = dir.path().join(SNAPSHOT_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x04;
+        std::fs::write(&path, &bytes).unwrap();
+        let message = StateMachineStore::open(dir.path()).err().expect("open must fail").to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+    }
 }

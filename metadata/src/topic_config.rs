@@ -128,10 +128,7 @@ impl TopicConfig {
         let mut m = BTreeMap::new();
         m.insert("segment.bytes".into(), self.segment_bytes.to_string());
         m.insert("segment.ms".into(), self.segment_ms.to_string());
-        m.insert(
-            "retention.ms".into(),
-            self.retention_ms.map_or("-1".to_string(), |v| v.to_string()),
-        );
+        m.insert("retention.ms".into(), self.retention_ms.map_or("-1".to_string(), |v| v.to_string()));
         m.insert("local.retention.ms".into(), self.local_retention_ms.to_string());
         m.insert("max.message.bytes".into(), self.max_message_bytes.to_string());
         m.insert("visibility.timeout.ms".into(), self.visibility_timeout_ms.to_string());

@@ -1,0 +1,428 @@
+//! End-to-end tests against a real `silt dev` process on loopback.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use silt::client::{Client, ClientError, Message, OutMessage, Poll};
+use silt_tests::{silt_bin, silt_cli, wait_for, SiltDev};
+
+fn poll_req(group: &str, member: &str, mode: &str, max: u32, timeout_ms: u64) -> Poll {
+    Poll {
+        group: group.into(),
+        member: member.into(),
+        mode: mode.into(),
+        max,
+        timeout_ms,
+        session_timeout_ms: 10_000,
+    }
+}
+
+async fn create(client: &Client, topic: &str, partitions: u32, config: &[(&str, &str)]) {
+    let config: BTreeMap<String, String> = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    client.create_topic(topic, partitions, &config).await.expect("create topic");
+}
+
+/// Reads a whole topic back through replay, partition by partition.
+async fn replay_all(client: &Client, topic: &str, partitions: u32) -> Vec<Message> {
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        let mut from = 0;
+        loop {
+            let page = client.replay(topic, p, Some(from), None, 5000).await.expect("replay");
+            if page.messages.is_empty() {
+                break;
+            }
+            from = page.next_offset;
+            out.extend(page.messages);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_messages_from_four_producers_are_consumed_exactly_as_acked() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "load", 4, &[("segment.bytes", "1048576")]).await;
+    const PRODUCERS: usize = 4;
+    const PER_PRODUCER: usize = 25_000;
+    const BATCH: usize = 500;
+    let mut tasks = Vec::new();
+    for producer in 0..PRODUCERS {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked: Vec<(String, String, String)> = Vec::with_capacity(PER_PRODUCER);
+            for start in (0..PER_PRODUCER).step_by(BATCH) {
+                let messages: Vec<OutMessage> = (start..start + BATCH)
+                    .map(|i| OutMessage {
+                        key: Some(format!("p{producer}-k{}", i % 97)),
+                        value: Some(format!("p{producer}-{i}")),
+                        ..Default::default()
+                    })
+                    .collect();
+                let ids = client.produce("load", &messages).await.expect("produce");
+                assert_eq!(ids.len(), messages.len());
+                for (id, m) in ids.into_iter().zip(messages) {
+                    acked.push((id, m.key.unwrap_or_default(), m.value.unwrap_or_default()));
+                }
+            }
+            acked
+        }));
+    }
+    let mut acked: HashMap<String, (String, String)> = HashMap::new();
+    let mut per_producer_order: Vec<Vec<String>> = Vec::new();
+    for t in tasks {
+        let list = t.await.expect("producer task");
+        per_producer_order.push(list.iter().map(|(id, _, _)| id.clone()).collect());
+        for (id, k, v) in list {
+            assert!(acked.insert(id.clone(), (k, v)).is_none(), "id {id} acknowledged twice");
+        }
+    }
+    assert_eq!(acked.len(), PRODUCERS * PER_PRODUCER);
+
+    // Consume everything with one group, acking every poll.
+    let mut consumed: Vec<Message> = Vec::new();
+    let mut seen = HashSet::new();
+    while consumed.len() < acked.len() {
+        let batch = client.poll("load", &poll_req("checker", "c1", "exclusive", 5000, 5000)).await.expect("poll");
+        assert!(!batch.is_empty(), "poll timed out with {} of {} messages consumed", consumed.len(), acked.len());
+        let ids: Vec<String> = batch.iter().map(|m| m.id.clone()).collect();
+        client.ack("checker", &ids).await.expect("ack");
+        for m in batch {
+            assert!(seen.insert(m.id.clone()), "message {} delivered twice", m.id);
+            consumed.push(m);
+        }
+    }
+    // Every consumed message is exactly what was acknowledged under its id.
+    for m in &consumed {
+        let (k, v) = acked.get(&m.id).unwrap_or_else(|| panic!("consumed {} which was never acknowledged", m.id));
+        assert_eq!(m.key.as_ref(), Some(k), "key of {}", m.id);
+        assert_eq!(m.value.as_ref(), Some(v), "value of {}", m.id);
+        assert_eq!(m.delivery, Some(1));
+    }
+    // Order per partition: offsets arrive strictly increasing.
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    for m in &consumed {
+        if let Some(prev) = last.insert(m.partition, m.offset) {
+            assert!(m.offset > prev, "partition {} went from {prev} to {}", m.partition, m.offset);
+        }
+    }
+    // Each producer's messages keep their order within a partition.
+    for ids in &per_producer_order {
+        let mut last: HashMap<u32, u64> = HashMap::new();
+        for id in ids {
+            let parts: Vec<&str> = id.rsplitn(3, '/').collect();
+            let (offset, partition): (u64, u32) = (parts[0].parse().expect("offset"), parts[1].parse().expect("p"));
+            if let Some(prev) = last.insert(partition, offset) {
+                assert!(offset > prev, "a producer's messages were reordered in partition {partition}");
+            }
+        }
+    }
+    // All four partitions were used, and the group has nothing left.
+    assert_eq!(last.len(), 4);
+    let none = client.poll("load", &poll_req("checker", "c1", "exclusive", 10, 200)).await.expect("poll");
+    assert!(none.is_empty(), "nothing is left after everything was acked");
+}
+
+/// Feeds numbered lines to a `silt produce` process until it dies; returns (lines sent, ids printed).
+fn spawn_cli_producer(
+    url: &str,
+    producer: usize,
+    lines: usize,
+) -> (std::process::Child, std::thread::JoinHandle<()>, std::thread::JoinHandle<Vec<String>>) {
+    let mut child = Command::new(silt_bin())
+        .args(["produce", "crash", "--key-separator", "\\t", "--server", url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn silt produce");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        for i in 0..lines {
+            if writeln!(stdin, "p{producer}-k{}\tp{producer}-{i}", i % 13).is_err() {
+                return;
+            }
+            if i % 200 == 0 && stdin.flush().is_err() {
+                return;
+            }
+        }
+    });
+    let stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect());
+    (child, writer, reader)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_produce_loses_no_acknowledged_message() {
+    let mut dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "crash", 4, &[("segment.bytes", "65536")]).await;
+    const PRODUCERS: usize = 4;
+    const LINES: usize = 1_000_000;
+    let producers: Vec<_> = (0..PRODUCERS).map(|p| spawn_cli_producer(dev.url(), p, LINES)).collect();
+    // Let the producers get well into their work, then kill -9 the server mid-stream.
+    wait_for("messages to be acknowledged", Duration::from_secs(60), || {
+        let client = client.clone();
+        async move {
+            let t = client.describe_topic("crash").await.ok()?;
+            let total: u64 = t["partitions"].as_array()?.iter().filter_map(|p| p["high_watermark"].as_u64()).sum();
+            (total >= 20_000).then_some(())
+        }
+    })
+    .await;
+    dev.kill9();
+    let mut printed: Vec<Vec<String>> = Vec::new();
+    for (mut child, writer, reader) in producers {
+        let _ = child.wait();
+        let _ = writer.join();
+        printed.push(reader.join().expect("reader thread"));
+    }
+    let total_printed: usize = printed.iter().map(Vec::len).sum();
+    eprintln!("acknowledged before the kill: {total_printed} ({:?} per producer)", printed.iter().map(Vec::len).collect::<Vec<_>>());
+    assert!(total_printed > 0, "producers printed no id before the kill");
+    assert!(printed.iter().all(|p| p.len() < LINES), "the kill came after a producer had finished");
+
+    dev.restart();
+    let client = dev.client();
+    let messages = replay_all(&client, "crash", 4).await;
+    let by_id: HashMap<&str, &Message> = messages.iter().map(|m| (m.id.as_str(), m)).collect();
+    assert_eq!(by_id.len(), messages.len(), "an offset holds two messages");
+    // The i-th id a producer printed is its i-th line, at exactly that offset.
+    for (producer, ids) in printed.iter().enumerate() {
+        for (i, id) in ids.iter().enumerate() {
+            let m = by_id
+                .get(id.as_str())
+                .unwrap_or_else(|| panic!("acknowledged message {id} (producer {producer}, line {i}) is lost"));
+            assert_eq!(m.value.as_deref(), Some(format!("p{producer}-{i}").as_str()), "message at {id}");
+            assert_eq!(m.key.as_deref(), Some(format!("p{producer}-k{}", i % 13).as_str()), "key at {id}");
+        }
+    }
+    // Offsets are dense per partition: no holes were left by the crash.
+    for p in 0..4u32 {
+        let offsets: Vec<u64> = messages.iter().filter(|m| m.partition == p).map(|m| m.offset).collect();
+        assert!(offsets.iter().enumerate().all(|(i, o)| *o == i as u64), "partition {p} has holes");
+    }
+    // The restarted server accepts writes after the recovered end.
+    let ids = client
+        .produce("crash", &[OutMessage { partition: Some(0), value: Some("after".into()), ..Default::default() }])
+        .await
+        .expect("produce after restart");
+    let expected = messages.iter().filter(|m| m.partition == 0).count();
+    assert_eq!(ids[0], format!("crash/0/{expected}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_message_is_redelivered_and_then_dead_lettered() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "jobs", 1, &[("visibility.timeout.ms", "300"), ("max.deliveries", "2")]).await;
+    let ids = client
+        .produce("jobs", &[OutMessage { key: Some("k".into()), value: Some("work".into()), ..Default::default() }])
+        .await
+        .expect("produce");
+    let first = client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 1000)).await.expect("poll");
+    assert_eq!(first.len(), 1);
+    assert_eq!((first[0].id.as_str(), first[0].delivery), (ids[0].as_str(), Some(1)));
+    // Not acked: it comes back after the visibility timeout, with the delivery count raised.
+    let second = client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 5000)).await.expect("poll");
+    assert_eq!(second.len(), 1, "redelivered after the visibility timeout");
+    assert_eq!((second[0].id.as_str(), second[0].delivery), (ids[0].as_str(), Some(2)));
+    // After max.deliveries it moves to the dead-letter topic instead of coming back.
+    let dlq = wait_for("the dead-letter topic to receive the message", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let again = client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 500)).await.expect("poll");
+            assert!(again.is_empty(), "a message past max.deliveries was delivered again: {again:?}");
+            let page = client.replay("jobs.dlq", 0, Some(0), None, 10).await.ok()?;
+            (!page.messages.is_empty()).then_some(page.messages)
+        }
+    })
+    .await;
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(dlq[0].value.as_deref(), Some("work"));
+    assert_eq!(dlq[0].key.as_deref(), Some("k"));
+    let header = |name: &str| dlq[0].headers.iter().find(|h| h.key == name).and_then(|h| h.value.clone());
+    assert_eq!(header("silt.original.id"), Some(ids[0].clone()));
+    assert_eq!(header("silt.group").as_deref(), Some("workers"));
+    // The dead-lettered message counts as handled for the group.
+    let group = wait_for("the ack floor to pass the dead-lettered message", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let g = client.describe_group("workers").await.ok()?;
+            (g["topics"]["jobs"]["partitions"][0]["ack_floor"].as_u64() == Some(1)).then_some(g)
+        }
+    })
+    .await;
+    assert_eq!(group["topics"]["jobs"]["lag"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_messages_stay_acked_across_a_restart() {
+    let mut dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "ledger", 1, &[]).await;
+    let messages: Vec<OutMessage> =
+        (0..10).map(|i| OutMessage { value: Some(format!("m{i}")), ..Default::default() }).collect();
+    client.produce("ledger", &messages).await.expect("produce");
+    let got = client.poll("ledger", &poll_req("g", "m", "exclusive", 10, 2000)).await.expect("poll");
+    assert_eq!(got.len(), 10);
+    // Ack all but offsets 3 and 7.
+    let ids: Vec<String> = got.iter().filter(|m| m.offset != 3 && m.offset != 7).map(|m| m.id.clone()).collect();
+    client.ack("g", &ids).await.expect("ack");
+    wait_for("the ack checkpoint", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let g = client.describe_group("g").await.ok()?;
+            (g["topics"]["ledger"]["partitions"][0]["ack_floor"].as_u64() == Some(3)).then_some(())
+        }
+    })
+    .await;
+    dev.stop();
+    dev.restart();
+    let client = dev.client();
+    // Only the two unacknowledged messages come back, once.
+    let again = client.poll("ledger", &poll_req("g", "m", "exclusive", 10, 2000)).await.expect("poll");
+    let offsets: Vec<u64> = again.iter().map(|m| m.offset).collect();
+    assert_eq!(offsets, vec![3, 7]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_groups_split_partitions_and_shared_groups_split_messages() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "split", 4, &[]).await;
+    let messages: Vec<OutMessage> = (0..40)
+        .map(|i| OutMessage { partition: Some(i % 4), value: Some(format!("m{i}")), ..Default::default() })
+        .collect();
+    client.produce("split", &messages).await.expect("produce");
+
+    // Exclusive: a joins alone and owns every partition; once b joins, each owns two.
+    client.poll("split", &poll_req("ex", "a", "exclusive", 1, 0)).await.expect("poll a");
+    client.poll("split", &poll_req("ex", "b", "exclusive", 1, 0)).await.expect("poll b");
+    let g = client.describe_group("ex").await.expect("describe");
+    let owners: Vec<String> = g["topics"]["split"]["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["member"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(owners.iter().filter(|m| *m == "a").count(), 2, "{owners:?}");
+    assert_eq!(owners.iter().filter(|m| *m == "b").count(), 2, "{owners:?}");
+    let from_b = client.poll("split", &poll_req("ex", "b", "exclusive", 100, 1000)).await.expect("poll b");
+    assert!(!from_b.is_empty());
+    for m in &from_b {
+        assert_eq!(owners[m.partition as usize], "b", "b got a message of a partition it does not own");
+    }
+    // b leaves; a gets everything.
+    client.leave("ex", "split", "b").await.expect("leave");
+    let g = client.describe_group("ex").await.expect("describe");
+    assert!(g["topics"]["split"]["partitions"].as_array().expect("p").iter().all(|p| p["member"] == "a"));
+
+    // Shared: two members draw disjoint messages from the same partitions.
+    let x = client.poll("split", &poll_req("sh", "x", "shared", 15, 1000)).await.expect("poll x");
+    let y = client.poll("split", &poll_req("sh", "y", "shared", 40, 1000)).await.expect("poll y");
+    assert_eq!(x.len(), 15);
+    let ids: HashSet<&str> = x.iter().chain(y.iter()).map(|m| m.id.as_str()).collect();
+    assert_eq!(ids.len(), x.len() + y.len(), "a message went to two shared members");
+    assert_eq!(ids.len(), 40);
+    // A group's mode is fixed once it exists.
+    let err = client.poll("split", &poll_req("sh", "z", "exclusive", 1, 0)).await.expect_err("mode mismatch");
+    assert!(matches!(err, ClientError::Api { status: 409, ref code, .. } if code == "group_mode_mismatch"), "{err}");
+}
+
+async fn raw(url: &str, method: reqwest::Method, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    let mut req = reqwest::Client::new().request(method, format!("{url}{path}"));
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b.to_string());
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    let dev = SiltDev::start();
+    let url = dev.url().to_string();
+    let client = dev.client();
+    create(&client, "good", 2, &[("max.message.bytes", "1024")]).await;
+    client.produce("good", &[OutMessage { partition: Some(0), value: Some("v".into()), ..Default::default() }]).await.expect("produce");
+    use reqwest::Method;
+    let cases: Vec<(Method, String, Option<String>, u16, &str, &str)> = vec![
+        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"bad name"}"#.into()), 400, "invalid_topic_name", "contains"),
+        (Method::POST, "/v1/topics".into(), Some(format!(r#"{{"name":"{}"}}"#, "x".repeat(250))), 400, "invalid_topic_name", "249"),
+        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"good"}"#.into()), 409, "topic_exists", "already exists"),
+        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"t2","config":{"segment.bites":"1"}}"#.into()), 400, "invalid_config", "unknown topic config"),
+        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"t3","partitions":0}"#.into()), 400, "invalid_argument", "partitions"),
+        (Method::POST, "/v1/topics".into(), Some(r#"{"name": "#.into()), 400, "invalid_json", ""),
+        (Method::POST, "/v1/topics/nope/messages".into(), Some(r#"{"messages":[{"value":"v"}]}"#.into()), 404, "unknown_topic", "'nope' does not exist"),
+        (Method::POST, "/v1/topics/good/messages".into(), Some(format!(r#"{{"messages":[{{"value":"small"}},{{"value":"{}"}}]}}"#, "x".repeat(2000))), 413, "message_too_large", "max.message.bytes"),
+        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[{"value":"v","partition":7}]}"#.into()), 404, "unknown_partition", "no partition 7"),
+        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[{"valeu":"v"}]}"#.into()), 400, "invalid_json", "valeu"),
+        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[]}"#.into()), 400, "empty_request", ""),
+        (Method::POST, "/v1/topics/good/partitions/0/batches".into(), Some("not a batch".into()), 400, "invalid_record_batch", ""),
+        (Method::POST, "/v1/topics/good/poll".into(), Some(r#"{"group":"g","max":0}"#.into()), 400, "invalid_max", "between 1 and"),
+        (Method::POST, "/v1/topics/good/poll".into(), Some(r#"{"group":"g","max":100001}"#.into()), 400, "invalid_max", ""),
+        (Method::POST, "/v1/groups/g/ack".into(), Some(r#"{"ids":["good/0/0"]}"#.into()), 400, "not_delivered", "never delivered"),
+        (Method::POST, "/v1/groups/g/ack".into(), Some(r#"{"ids":["not-an-id"]}"#.into()), 400, "invalid_id", "topic/partition/offset"),
+        (Method::GET, "/v1/topics/good/partitions/0/messages?from_offset=abc".into(), None, 400, "invalid_query", ""),
+        (Method::GET, "/v1/groups/nobody".into(), None, 404, "unknown_group", ""),
+        (Method::GET, "/v2/whatever".into(), None, 404, "not_found", ""),
+    ];
+    for (method, path, body, status, code, phrase) in cases {
+        let (got_status, json) = raw(&url, method.clone(), &path, body.as_deref()).await;
+        assert_eq!(got_status, status, "{method} {path}: {json}");
+        assert_eq!(json["error"]["code"], code, "{method} {path}: {json}");
+        let message = json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(phrase), "{method} {path}: message '{message}' should mention '{phrase}'");
+    }
+    // Nothing changed: still one message in partition 0, none in 1, only one topic.
+    let t = client.describe_topic("good").await.expect("describe");
+    assert_eq!(t["partitions"][0]["high_watermark"], 1);
+    assert_eq!(t["partitions"][1]["high_watermark"], 0);
+    let topics = client.list_topics().await.expect("list");
+    assert_eq!(topics["topics"].as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_walkthrough_from_the_readme() {
+    let dev = SiltDev::start();
+    let url = dev.url().to_string();
+    silt_cli(&url, &["topic", "create", "orders", "--partitions", "4", "--config", "segment.bytes=1048576"], None);
+    let produced = silt_cli(&url, &["produce", "orders", "--key-separator", "\\t"], Some("k1\tv1\nk2\tv2\n"));
+    let ids: Vec<&str> = produced.lines().collect();
+    assert_eq!(ids.len(), 2, "{produced}");
+    let consumed = silt_cli(&url, &["consume", "orders", "--group", "billing", "--max", "100", "--timeout", "1s"], None);
+    let messages: Vec<Message> = consumed.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
+    let mut pairs: Vec<(String, String, String)> = messages
+        .iter()
+        .map(|m| (m.id.clone(), m.key.clone().unwrap_or_default(), m.value.clone().unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    let mut expected = vec![
+        (ids[0].to_string(), "k1".to_string(), "v1".to_string()),
+        (ids[1].to_string(), "k2".to_string(), "v2".to_string()),
+    ];
+    expected.sort();
+    assert_eq!(pairs, expected);
+    // Consumed and acked: a second consume gets nothing.
+    let again = silt_cli(&url, &["consume", "orders", "--group", "billing", "--timeout", "300ms"], None);
+    assert_eq!(again, "");
+    // Replay touches no group and sees everything.
+    let replayed = silt_cli(&url, &["replay", "orders"], None);
+    assert_eq!(replayed.lines().count(), 2);
+    let describe: serde_json::Value =
+        serde_json::from_str(&silt_cli(&url, &["topic", "describe", "orders"], None)).expect("describe json");
+    assert_eq!(describe["partitions"].as_array().map(Vec::len), Some(4));
+    assert!(describe["partitions"][0]["epoch"].as_u64() >= Some(1));
+    // Health and metrics.
+    let client = dev.client();
+    assert_eq!(client.health().await.expect("health")["status"], "ok");
+    let metrics = client.metrics().await.expect("metrics");
+    assert!(metrics.contains("silt_agent_produce_latency_seconds_bucket"), "{metrics}");
+    assert!(metrics.contains("silt_agent_records_in_total{topic=\"orders\"} 2"), "{metrics}");
+}
