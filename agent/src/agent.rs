@@ -114,6 +114,8 @@ pub struct PartitionLag {
 }
 
 type CursorKey = (String, String, u32);
+/// A cursor's key with the floor and acked ranges to checkpoint.
+type Checkpoint = (CursorKey, u64, Vec<(u64, u64)>);
 
 /// The agent. Cheap to clone.
 #[derive(Clone)]
@@ -136,9 +138,7 @@ struct Inner {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -166,7 +166,7 @@ impl Agent {
                 appended: Notify::new(),
                 spread: AtomicU32::new(0),
                 cancel,
-            tasks: Mutex::new(Vec::new()),
+                tasks: Mutex::new(Vec::new()),
             }),
         };
         let topics: Vec<Topic> = agent.inner.metadata.read(|s| s.topics.values().cloned().collect()).await?;
@@ -211,7 +211,8 @@ impl Agent {
     fn remove_stale_topic_dirs(&self, topics: &[Topic]) {
         let root = self.inner.config.data_dir.join("log");
         let Ok(entries) = std::fs::read_dir(&root) else { return };
-        let live: std::collections::HashSet<String> = topics.iter().map(|t| format!("{}~{}", t.name, t.id)).collect();
+        let live: std::collections::HashSet<String> =
+            topics.iter().map(|t| format!("{}~{}", t.name, t.id)).collect();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             if !live.contains(&name) {
@@ -323,15 +324,25 @@ impl Agent {
     }
 
     /// Produces messages. Returns one id per message, in order, once all are durable.
-    pub async fn produce(&self, topic: &str, messages: Vec<ProduceMessage>) -> Result<Vec<MessageId>, ApiError> {
+    pub async fn produce(
+        &self,
+        topic: &str,
+        messages: Vec<ProduceMessage>,
+    ) -> Result<Vec<MessageId>, ApiError> {
         let started = Instant::now();
         if messages.is_empty() {
-            return Err(ApiError::bad_request("empty_request", "a produce request needs at least one message"));
+            return Err(ApiError::bad_request(
+                "empty_request",
+                "a produce request needs at least one message",
+            ));
         }
         if messages.len() > PRODUCE_MESSAGES_MAX {
             return Err(ApiError::bad_request(
                 "too_many_messages",
-                format!("a produce request may carry at most {PRODUCE_MESSAGES_MAX} messages, got {}", messages.len()),
+                format!(
+                    "a produce request may carry at most {PRODUCE_MESSAGES_MAX} messages, got {}",
+                    messages.len()
+                ),
             ));
         }
         let t = self.topic_local(topic)?;
@@ -351,7 +362,12 @@ impl Agent {
                 (None, Some(key)) => partition_for_key(key, partitions),
                 (None, None) => spread,
             };
-            let record = NewRecord { timestamp_ms: m.timestamp_ms.unwrap_or(now), key: m.key, value: m.value, headers: m.headers };
+            let record = NewRecord {
+                timestamp_ms: m.timestamp_ms.unwrap_or(now),
+                key: m.key,
+                value: m.value,
+                headers: m.headers,
+            };
             let batches = per_partition.entry(partition).or_default();
             let alone = BatchBuilder::new().encoded_len_with(&record);
             if alone > max_bytes {
@@ -377,11 +393,21 @@ impl Agent {
         for (partition, batches) in per_partition {
             let handle = self.partition(topic, partition).await?;
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
-                let bytes = builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
-                let batch = RecordBatch::parse(bytes)
-                    .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+                let bytes =
+                    builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
+                let batch = RecordBatch::parse(bytes).map_err(|e| {
+                    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                })?;
                 let handle = handle.clone();
-                appends.push(async move { (partition, batch_index, batch.record_count(), batch.len_bytes(), handle.append(batch).await) });
+                appends.push(async move {
+                    (
+                        partition,
+                        batch_index,
+                        batch.record_count(),
+                        batch.len_bytes(),
+                        handle.append(batch).await,
+                    )
+                });
             }
         }
         let results = futures::future::join_all(appends).await;
@@ -404,16 +430,19 @@ impl Agent {
         if let Some(e) = first_error {
             return Err(e.into());
         }
-        let ids = slots
-            .into_iter()
-            .map(|(p, b, i)| MessageId::new(topic, p, bases[&(p, b)] + i as u64))
-            .collect();
+        let ids =
+            slots.into_iter().map(|(p, b, i)| MessageId::new(topic, p, bases[&(p, b)] + i as u64)).collect();
         self.inner.metrics.produce_latency_seconds.observe(started.elapsed().as_secs_f64());
         Ok(ids)
     }
 
     /// Appends a client-built RecordBatch v2 as it is (checked, then given offsets).
-    pub async fn produce_batch(&self, topic: &str, partition: u32, body: Bytes) -> Result<(u64, u64), ApiError> {
+    pub async fn produce_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        body: Bytes,
+    ) -> Result<(u64, u64), ApiError> {
         let started = Instant::now();
         let t = self.topic_local(topic)?;
         if body.len() as u64 > t.config.max_message_bytes {
@@ -427,7 +456,8 @@ impl Agent {
                 ),
             ));
         }
-        let batch = RecordBatch::parse(body).map_err(|e| ApiError::bad_request("invalid_record_batch", e.to_string()))?;
+        let batch = RecordBatch::parse(body)
+            .map_err(|e| ApiError::bad_request("invalid_record_batch", e.to_string()))?;
         let (count, len) = (batch.record_count(), batch.len_bytes());
         let range = self.partition(topic, partition).await?.append(batch).await?;
         self.inner.appended.notify_waiters();
@@ -483,7 +513,12 @@ impl Agent {
     }
 
     /// The first offset of a partition whose timestamp is at least `timestamp_ms`.
-    pub async fn offset_for_time(&self, topic: &str, partition: u32, timestamp_ms: i64) -> Result<u64, ApiError> {
+    pub async fn offset_for_time(
+        &self,
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, ApiError> {
         let reader = Arc::clone(self.partition(topic, partition).await?.reader());
         Ok(tokio::task::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
             .await
@@ -576,7 +611,9 @@ impl Agent {
                 s.groups
                     .get(&req.group)
                     .and_then(|g| g.topics.get(&req.topic))
-                    .map(|gt| gt.assignment.iter().filter(|(_, m)| **m == req.member).map(|(p, _)| *p).collect())
+                    .map(|gt| {
+                        gt.assignment.iter().filter(|(_, m)| **m == req.member).map(|(p, _)| *p).collect()
+                    })
                     .unwrap_or_default()
             }),
         }
@@ -603,7 +640,12 @@ impl Agent {
         GroupCursor::from_checkpoint(floor, &acked, log_start)
     }
 
-    async fn collect(&self, req: &PollRequest, topic: &Topic, partitions: &[u32]) -> Result<Vec<Delivered>, ApiError> {
+    async fn collect(
+        &self,
+        req: &PollRequest,
+        topic: &Topic,
+        partitions: &[u32],
+    ) -> Result<Vec<Delivered>, ApiError> {
         let max = req.max as usize;
         let visibility_ms = topic.config.visibility_timeout_ms;
         let mut out: Vec<Delivered> = Vec::new();
@@ -680,7 +722,14 @@ impl Agent {
         Ok(records.into_iter().find(|r| r.offset == offset))
     }
 
-    async fn dead_letter(&self, req: &PollRequest, topic: &Topic, partition: u32, offset: u64, deliveries: u32) {
+    async fn dead_letter(
+        &self,
+        req: &PollRequest,
+        topic: &Topic,
+        partition: u32,
+        offset: u64,
+        deliveries: u32,
+    ) {
         let result: Result<(), ApiError> = async {
             let dlq = format!("{}{DLQ_SUFFIX}", topic.name);
             if self.topic_local(&dlq).is_err() {
@@ -697,7 +746,10 @@ impl Agent {
             let mut headers = record.headers.clone();
             headers.push(Header { key: "silt.original.id".into(), value: Some(Bytes::from(id.to_string())) });
             headers.push(Header { key: "silt.group".into(), value: Some(Bytes::from(req.group.clone())) });
-            headers.push(Header { key: "silt.deliveries".into(), value: Some(Bytes::from(deliveries.to_string())) });
+            headers.push(Header {
+                key: "silt.deliveries".into(),
+                value: Some(Bytes::from(deliveries.to_string())),
+            });
             let message = ProduceMessage {
                 partition: Some(partition),
                 key: record.key.clone(),
@@ -731,7 +783,9 @@ impl Agent {
         }
         let mut parsed = Vec::with_capacity(ids.len());
         for id in ids {
-            let id: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| ApiError::bad_request("invalid_id", e.to_string()))?;
+            let id: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
+                ApiError::bad_request("invalid_id", e.to_string())
+            })?;
             parsed.push(id);
         }
         let mut cursors = lock(&self.inner.cursors);
@@ -768,7 +822,11 @@ impl Agent {
     }
 
     /// Lag and delivery state of a group, per topic and partition.
-    pub async fn describe_group(&self, group: &str) -> Result<(GroupMode, BTreeMap<String, Vec<PartitionLag>>, BTreeMap<String, Vec<String>>), ApiError> {
+    pub async fn describe_group(
+        &self,
+        group: &str,
+    ) -> Result<(GroupMode, BTreeMap<String, Vec<PartitionLag>>, BTreeMap<String, Vec<String>>), ApiError>
+    {
         let g = self
             .inner
             .metadata
@@ -782,10 +840,11 @@ impl Agent {
             let mut lags = Vec::new();
             for p in 0..t.partitions.len() as u32 {
                 let hwm = self.partition(topic, p).await?.reader().high_watermark();
-                let (floor, in_flight) = match lock(&self.inner.cursors).get(&(group.to_string(), topic.clone(), p)) {
-                    Some(c) => (c.floor(), c.in_flight_len()),
-                    None => (gt.acks.get(&p).map_or(0, |cp| cp.floor), 0),
-                };
+                let (floor, in_flight) =
+                    match lock(&self.inner.cursors).get(&(group.to_string(), topic.clone(), p)) {
+                        Some(c) => (c.floor(), c.in_flight_len()),
+                        None => (gt.acks.get(&p).map_or(0, |cp| cp.floor), 0),
+                    };
                 lags.push(PartitionLag {
                     partition: p,
                     member: gt.assignment.get(&p).cloned(),
@@ -814,7 +873,7 @@ impl Agent {
 
     /// Writes every changed ack state to metadata and refreshes the lag gauges.
     pub async fn checkpoint_acks(&self) {
-        let dirty: Vec<(CursorKey, u64, Vec<(u64, u64)>)> = lock(&self.inner.cursors)
+        let dirty: Vec<Checkpoint> = lock(&self.inner.cursors)
             .iter_mut()
             .filter(|(_, c)| c.is_dirty())
             .map(|(k, c)| {
@@ -837,8 +896,10 @@ impl Agent {
                     .get_or_create(&LagLabels { group: group.clone(), topic: topic.clone(), partition })
                     .set(hwm.saturating_sub(floor) as i64);
             }
-            let acked: Vec<(u64, u64)> = acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect();
-            let cmd = Command::CommitAcks { group: group.clone(), topic: topic.clone(), partition, floor, acked };
+            let acked: Vec<(u64, u64)> =
+                acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect();
+            let cmd =
+                Command::CommitAcks { group: group.clone(), topic: topic.clone(), partition, floor, acked };
             if let Err(e) = self.inner.metadata.write(cmd).await {
                 warn!(error = %e, group, topic, partition, "checkpointing acks failed; will retry");
                 if let Some(c) = lock(&self.inner.cursors).get_mut(&(group, topic, partition)) {

@@ -193,7 +193,10 @@ fn text_or_b64(i: usize, what: &str, text: Option<String>, b64: Option<String>) 
         )),
         (Some(t), None) => Ok(Some(Bytes::from(t))),
         (None, Some(b)) => B64.decode(b.as_bytes()).map(|v| Some(Bytes::from(v))).map_err(|e| {
-            ApiError::bad_request("invalid_message", format!("message {i}: {what}_b64 is not valid base64: {e}"))
+            ApiError::bad_request(
+                "invalid_message",
+                format!("message {i}: {what}_b64 is not valid base64: {e}"),
+            )
         }),
         (None, None) => Ok(None),
     }
@@ -329,7 +332,8 @@ async fn replay(
         (None, None) => 0,
     };
     let (records, next, hwm) = agent.read(&topic, partition, from, p.max).await?;
-    let messages: Vec<MessageOut> = records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
+    let messages: Vec<MessageOut> =
+        records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
     Ok(Json(serde_json::json!({ "messages": messages, "next_offset": next, "high_watermark": hwm })))
 }
 
@@ -381,7 +385,9 @@ async fn poll(
         .await?;
     let messages: Vec<MessageOut> = delivered
         .into_iter()
-        .map(|Delivered { partition, record, delivery }| message_out(&topic, partition, record, Some(delivery)))
+        .map(|Delivered { partition, record, delivery }| {
+            message_out(&topic, partition, record, Some(delivery))
+        })
         .collect();
     Ok(Json(serde_json::json!({ "messages": messages })))
 }
@@ -419,7 +425,10 @@ async fn leave(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn describe_group(State(agent): State<Agent>, Path(group): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+async fn describe_group(
+    State(agent): State<Agent>,
+    Path(group): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
     let (mode, lags, members) = agent.describe_group(&group).await?;
     let topics: BTreeMap<String, serde_json::Value> = lags
         .into_iter()

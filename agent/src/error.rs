@@ -125,10 +125,14 @@ impl From<MetadataError> for ApiError {
             MetadataError::UnknownPartition { .. } => ApiError::not_found("unknown_partition", msg),
             MetadataError::UnknownGroup(_) => ApiError::not_found("unknown_group", msg),
             MetadataError::TopicExists(_) => ApiError::new(StatusCode::CONFLICT, "topic_exists", msg),
-            MetadataError::GroupModeMismatch { .. } => ApiError::new(StatusCode::CONFLICT, "group_mode_mismatch", msg),
+            MetadataError::GroupModeMismatch { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "group_mode_mismatch", msg)
+            }
             MetadataError::InvalidConfig(_) => ApiError::bad_request("invalid_config", msg),
             MetadataError::InvalidArgument(_) => ApiError::bad_request("invalid_argument", msg),
-            MetadataError::Fenced { .. } => ApiError::unavailable(format!("{msg}; the partition changed writer, retry")),
+            MetadataError::Fenced { .. } => {
+                ApiError::unavailable(format!("{msg}; the partition changed writer, retry"))
+            }
             MetadataError::Unavailable(_) => ApiError::unavailable(msg),
         }
     }

@@ -65,13 +65,29 @@ impl Metrics {
         let bytes_out = Family::<TopicLabels, Counter>::default();
         let consumer_lag_records = Family::<LagLabels, Gauge>::default();
         let dead_lettered = Family::<TopicLabels, Counter>::default();
-        registry.register("produce_latency_seconds", "Produce request latency until acknowledged (after fsync)", produce_latency_seconds.clone());
-        registry.register("fsync_seconds", "Duration of one group commit: write and fsync", fsync_seconds.clone());
+        registry.register(
+            "produce_latency_seconds",
+            "Produce request latency until acknowledged (after fsync)",
+            produce_latency_seconds.clone(),
+        );
+        registry.register(
+            "fsync_seconds",
+            "Duration of one group commit: write and fsync",
+            fsync_seconds.clone(),
+        );
         registry.register("records_in", "Records appended", records_in.clone());
         registry.register("bytes_in", "Record batch bytes appended", bytes_in.clone());
         registry.register("records_out", "Records delivered to consumers and replays", records_out.clone());
-        registry.register("bytes_out", "Record batch bytes read for consumers and replays", bytes_out.clone());
-        registry.register("consumer_lag_records", "Records between a group's ack floor and the partition end", consumer_lag_records.clone());
+        registry.register(
+            "bytes_out",
+            "Record batch bytes read for consumers and replays",
+            bytes_out.clone(),
+        );
+        registry.register(
+            "consumer_lag_records",
+            "Records between a group's ack floor and the partition end",
+            consumer_lag_records.clone(),
+        );
         registry.register("dead_lettered", "Messages moved to a dead-letter topic", dead_lettered.clone());
         Metrics {
             registry,

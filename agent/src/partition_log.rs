@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::error::StoreError;
-use crate::segment::{sync_dir, ScanReport, Segment, SegmentView};
+use crate::segment::{sync_dir, IndexEntry, ScanReport, Segment, SegmentView};
 
 /// The writer's half of a partition log. Not `Clone`: there is one writer per partition.
 #[derive(Debug)]
@@ -36,6 +36,9 @@ pub struct PartitionReader {
 struct ReadState {
     segments: Vec<SegmentView>,
     log_start: u64,
+    /// The end of `segments`, published with them so a read never reports a high watermark
+    /// below the batches it returns.
+    high_watermark: u64,
 }
 
 /// Batches read from a partition, and where the next read starts.
@@ -85,7 +88,7 @@ impl PartitionLog {
         let log_start = segments[0].base_offset();
         let end = segments.last().map_or(0, |s| s.next_offset());
         let reader = Arc::new(PartitionReader {
-            state: RwLock::new(ReadState { segments: Vec::new(), log_start }),
+            state: RwLock::new(ReadState { segments: Vec::new(), log_start, high_watermark: end }),
             high_watermark: watch::Sender::new(end),
         });
         let log = PartitionLog { dir: dir.to_path_buf(), segments, reader };
@@ -117,7 +120,11 @@ impl PartitionLog {
     /// Writes batches to the active segment, assigning consecutive offsets and stamping the
     /// epoch, then fsyncs once for all of them. Returns each batch's offset range. Nothing is
     /// visible to readers until [`PartitionLog::publish`].
-    pub fn append_and_sync(&mut self, batches: Vec<RecordBatch>, epoch: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+    pub fn append_and_sync(
+        &mut self,
+        batches: Vec<RecordBatch>,
+        epoch: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
         let mut ranges = Vec::with_capacity(batches.len());
         for batch in batches {
             let base = self.next_offset();
@@ -138,6 +145,7 @@ impl PartitionLog {
             let mut state = self.reader.state.write().unwrap_or_else(|e| e.into_inner());
             state.log_start = views.first().map_or(0, |v| v.base_offset);
             state.segments = views;
+            state.high_watermark = hwm;
         }
         self.reader.high_watermark.send_replace(hwm);
     }
@@ -180,6 +188,9 @@ impl PartitionLog {
     }
 }
 
+/// How much `offset_for_time` reads per step while it scans for a timestamp.
+const OFFSET_FOR_TIME_READ_BYTES: usize = 1024 * 1024;
+
 /// Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay far below that.
 fn epoch_i32(epoch: u64) -> i32 {
     i32::try_from(epoch).unwrap_or(i32::MAX)
@@ -205,26 +216,25 @@ impl PartitionReader {
     /// `max_bytes`, never past the durable end. Offsets below the log start are an error the
     /// caller turns into "out of range".
     pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadResult, StoreError> {
-        let hwm = self.high_watermark();
-        let views: Vec<SegmentView> = {
+        let (views, hwm) = {
             let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let hwm = state.high_watermark;
             if offset < state.log_start {
                 return Err(StoreError::OutOfRange { offset, log_start: state.log_start, high_watermark: hwm });
             }
             let first = state.segments.partition_point(|v| v.base_offset <= offset).saturating_sub(1);
-            state.segments[first.min(state.segments.len())..].to_vec()
+            (state.segments[first.min(state.segments.len())..].to_vec(), hwm)
         };
         for view in views.iter().filter(|v| v.end_offset > offset) {
-            let mut position = view.position_for(offset);
+            let mut start = view.entry_for(offset);
             loop {
-                let batches = view.read_batches(position, max_bytes)?;
-                if batches.is_empty() {
-                    break;
-                }
-                position += batches.iter().map(|b| b.len_bytes() as u64).sum::<u64>();
+                let batches = view.read_batches(start, max_bytes)?;
+                let Some(last) = batches.last() else { break };
+                let bytes: u64 = batches.iter().map(|b| b.len_bytes() as u64).sum();
+                start = IndexEntry { offset: last.next_offset(), position: start.position + bytes };
                 let kept: Vec<RecordBatch> = batches.into_iter().filter(|b| b.last_offset() >= offset).collect();
                 if let Some(last) = kept.last() {
-                    let next_offset = last.last_offset() + 1;
+                    let next_offset = last.next_offset();
                     return Ok(ReadResult { batches: kept, next_offset, high_watermark: hwm });
                 }
             }
@@ -235,26 +245,27 @@ impl PartitionReader {
     /// The first offset whose record timestamp is at least `timestamp_ms`, or the high
     /// watermark if there is none.
     pub fn offset_for_time(&self, timestamp_ms: i64) -> Result<u64, StoreError> {
-        let views = self.state.read().unwrap_or_else(|e| e.into_inner()).segments.clone();
+        let (views, hwm) = {
+            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            (state.segments.clone(), state.high_watermark)
+        };
         for view in views {
-            let mut position = view.position_for_time(timestamp_ms);
-            while position < view.size_bytes {
-                let batches = view.read_batches(position, 1024 * 1024)?;
+            let mut start = view.entry_for_time(timestamp_ms);
+            loop {
+                let batches = view.read_batches(start, OFFSET_FOR_TIME_READ_BYTES)?;
                 if batches.is_empty() {
                     break;
                 }
                 for batch in &batches {
-                    position += batch.len_bytes() as u64;
+                    start = IndexEntry { offset: batch.next_offset(), position: start.position + batch.len_bytes() as u64 };
                     if batch.max_timestamp() >= timestamp_ms {
-                        for record in batch.records() {
-                            if record.timestamp_ms >= timestamp_ms {
-                                return Ok(record.offset);
-                            }
+                        if let Some(record) = batch.records().find(|r| r.timestamp_ms >= timestamp_ms) {
+                            return Ok(record.offset);
                         }
                     }
                 }
             }
         }
-        Ok(self.high_watermark())
+        Ok(hwm)
     }
 }

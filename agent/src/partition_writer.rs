@@ -113,9 +113,7 @@ struct SealedSummary {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Claims the partition for this agent (bumping its epoch), reconciles the recovered log with
@@ -138,7 +136,9 @@ pub async fn start(
     {
         silt_metadata::Response::Epoch { epoch } => epoch,
         other => {
-            return Err(StoreError::Failed(format!("unexpected metadata reply to a writer claim: {other:?}")));
+            return Err(StoreError::Failed(format!(
+                "unexpected metadata reply to a writer claim: {other:?}"
+            )));
         }
     };
     let reader = log.reader();
@@ -154,7 +154,8 @@ pub async fn start(
     };
     writer.reconcile().await?;
     let (tx, rx) = mpsc::channel(GROUP_APPENDS_MAX);
-    let handle = PartitionHandle { tx, queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)), reader, epoch };
+    let handle =
+        PartitionHandle { tx, queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)), reader, epoch };
     let span = info_span!("partition_writer", topic = %writer.config.topic, partition = writer.config.partition, epoch);
     let task = tokio::spawn(writer.run(rx, cancel).instrument(span));
     Ok((handle, task))
@@ -175,10 +176,12 @@ impl PartitionWriter {
             .metadata
             .read(|s| s.topic(&topic).map(|t| t.partitions.get(partition as usize).cloned()))
             .await??
-            .ok_or_else(|| StoreError::Metadata(silt_metadata::MetadataError::UnknownPartition {
-                topic: topic.clone(),
-                partition,
-            }))?;
+            .ok_or_else(|| {
+                StoreError::Metadata(silt_metadata::MetadataError::UnknownPartition {
+                    topic: topic.clone(),
+                    partition,
+                })
+            })?;
         if let Some(open) = meta.open_segment() {
             let summary = self
                 .log()
@@ -431,7 +434,8 @@ impl PartitionWriter {
         match sealed {
             Ok(_) => {}
             // A retry after a lost reply finds the segment already sealed; go on to the open.
-            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_sealed_in_metadata(&summary).await => {}
+            Err(silt_metadata::MetadataError::InvalidArgument(_))
+                if self.is_sealed_in_metadata(&summary).await => {}
             Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
                 self.failed = Some(format!("fenced: epoch {expected} was superseded by {actual}"));
                 return Err(StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual }));
@@ -440,7 +444,8 @@ impl PartitionWriter {
         }
         match self.metadata.write(self.open_command()).await {
             Ok(_) => {}
-            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_open_in_metadata(summary.next_base).await => {}
+            Err(silt_metadata::MetadataError::InvalidArgument(_))
+                if self.is_open_in_metadata(summary.next_base).await => {}
             Err(e) => return Err(e.into()),
         }
         self.roll_pending = None;
@@ -448,11 +453,14 @@ impl PartitionWriter {
     }
 
     async fn is_sealed_in_metadata(&self, s: &SealedSummary) -> bool {
-        let (topic, partition, base) = (self.config.topic.clone(), self.config.partition as usize, s.base_offset);
+        let (topic, partition, base) =
+            (self.config.topic.clone(), self.config.partition as usize, s.base_offset);
         self.metadata
             .read(move |st| {
                 st.topics.get(&topic).and_then(|t| t.partitions.get(partition)).is_some_and(|p| {
-                    p.segments.get(&base).is_none_or(|seg| seg.state != silt_metadata::state::SegmentState::Open)
+                    p.segments
+                        .get(&base)
+                        .is_none_or(|seg| seg.state != silt_metadata::state::SegmentState::Open)
                 })
             })
             .await

@@ -158,20 +158,21 @@ impl Segment {
         let mut report = ScanReport::default();
         let mut position = 0u64;
         while position < len {
-            match self.read_batch_at(position, len) {
+            // Offsets are contiguous within a segment, from its base offset on. `baseOffset` lies
+            // outside the CRC, so a batch that passes its CRC at the wrong offset is damage too.
+            let checked = self.read_batch_at(position, len).and_then(|batch| {
+                if batch.base_offset() == self.next_offset {
+                    Ok(batch)
+                } else {
+                    Err(format!(
+                        "batch starts at offset {} but offset {} was expected",
+                        batch.base_offset(),
+                        self.next_offset
+                    ))
+                }
+            });
+            match checked {
                 Ok(batch) => {
-                    if batch.base_offset() != self.next_offset && self.record_count > 0 {
-                        // Offsets must be contiguous within a segment; anything else is damage.
-                        return Err(StoreError::Corrupt {
-                            path: self.path.clone(),
-                            position,
-                            reason: format!(
-                                "batch at byte {position} starts at offset {} but offset {} was expected",
-                                batch.base_offset(),
-                                self.next_offset
-                            ),
-                        });
-                    }
                     let len_bytes = batch.len_bytes() as u64;
                     self.note_batch(position, &batch);
                     position += len_bytes;
@@ -190,6 +191,9 @@ impl Segment {
                         // The damaged batch's offsets are lost to this replica; skip them.
                         self.next_offset = next_offset;
                         position = next_position;
+                        // Index the next good batch, so that reads of the offsets after the
+                        // damage start there instead of running into it.
+                        self.last_indexed_position = None;
                     }
                     None => {
                         warn!(
@@ -291,10 +295,7 @@ impl Segment {
     /// Makes every appended byte durable. An error here is fatal for this replica: the
     /// kernel may have dropped the dirty pages, so the caller must not retry and carry on.
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.file.sync_data().map_err(|e| StoreError::FsyncFailed {
-            path: self.path.clone(),
-            source: e,
-        })
+        self.file.sync_data().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })
     }
 
     /// Seals the segment: fsyncs the log, then writes and fsyncs both index files.
@@ -316,22 +317,27 @@ impl Segment {
         sync_dir(dir)
     }
 
-    /// Loads a sealed segment's indexes. `None` if they are missing or damaged.
+    /// Loads a sealed segment's indexes. `None` if they are missing, damaged or disagree with
+    /// the log; `self` is only changed when they load, so a scan can start from scratch.
     fn load_indexes(&mut self) -> Result<Option<()>, StoreError> {
         let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
-        let (Some(idx), Some(tidx)) =
-            (read_with_crc(&self.path.with_extension("index")), read_with_crc(&self.path.with_extension("timeindex")))
-        else {
+        let (Some(idx), Some(tidx)) = (
+            read_with_crc(&self.path.with_extension("index")),
+            read_with_crc(&self.path.with_extension("timeindex")),
+        ) else {
             return Ok(None);
         };
-        if idx.len() % 16 != 0 || tidx.len() % 16 != 0 || idx.is_empty() {
+        if idx.len() % 16 != 0 || idx.len() != tidx.len() || idx.is_empty() {
             return Ok(None);
         }
         let pairs = |b: &[u8]| -> Vec<(u64, u64)> {
             b.chunks_exact(16)
                 .map(|c| {
                     let (a, b) = c.split_at(8);
-                    (u64::from_be_bytes(a.try_into().unwrap_or_default()), u64::from_be_bytes(b.try_into().unwrap_or_default()))
+                    (
+                        u64::from_be_bytes(a.try_into().unwrap_or_default()),
+                        u64::from_be_bytes(b.try_into().unwrap_or_default()),
+                    )
                 })
                 .collect()
         };
@@ -341,20 +347,31 @@ impl Segment {
             .into_iter()
             .map(|(ts, offset)| TimeIndexEntry { max_timestamp_ms: ts as i64, offset })
             .collect();
-        // The last indexed batch and those after it give the end offset and timestamps.
+        // The index must describe this log: it starts at the segment's first batch, both
+        // indexes mark the same batches, and offsets and positions only grow.
+        let starts_here = index.first() == Some(&IndexEntry { offset: self.base_offset, position: 0 });
+        let same_points = index.iter().zip(&time_index).all(|(e, t)| e.offset == t.offset);
+        let increasing = index.windows(2).all(|w| w[0].offset < w[1].offset && w[0].position < w[1].position);
         let Some(last) = index.last().copied() else { return Ok(None) };
-        let mut max_ts = time_index.last().map(|t| t.max_timestamp_ms).unwrap_or(i64::MIN);
-        *write(&self.index) = index;
-        *write(&self.time_index) = time_index;
+        if !starts_here || !same_points || !increasing || last.position >= len {
+            return Ok(None);
+        }
+        // The last indexed batch and those after it give the end offset and timestamps.
+        let mut max_ts = time_index.last().map_or(i64::MIN, |t| t.max_timestamp_ms);
         let mut position = last.position;
-        self.size_bytes = len;
         let mut next = last.offset;
         while position < len {
             let Ok(batch) = self.read_batch_at(position, len) else { return Ok(None) };
+            if batch.base_offset() != next {
+                return Ok(None);
+            }
             next = batch.last_offset() + 1;
             max_ts = max_ts.max(batch.max_timestamp());
             position += batch.len_bytes() as u64;
         }
+        *write(&self.index) = index;
+        *write(&self.time_index) = time_index;
+        self.size_bytes = len;
         self.next_offset = next;
         self.last_indexed_position = Some(last.position);
         // Exact counts and the minimum timestamp are in metadata; here only the bounds matter.
@@ -410,7 +427,8 @@ impl Segment {
 
     /// Deletes the segment's files.
     pub fn delete_files(&self) -> Result<(), StoreError> {
-        for p in [self.path.clone(), self.path.with_extension("index"), self.path.with_extension("timeindex")] {
+        for p in [self.path.clone(), self.path.with_extension("index"), self.path.with_extension("timeindex")]
+        {
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -422,55 +440,81 @@ impl Segment {
 }
 
 impl SegmentView {
-    /// Byte position to start reading at to find `offset`: the last index entry at or before it.
-    pub fn position_for(&self, offset: u64) -> u64 {
+    /// Where to start reading to find `offset`: the last index entry at or before it, or the
+    /// segment's first batch.
+    pub fn entry_for(&self, offset: u64) -> IndexEntry {
         let index = read(&self.index);
         let i = index.partition_point(|e| e.offset <= offset);
-        if i == 0 {
-            0
-        } else {
-            index[i - 1].position
+        match i.checked_sub(1) {
+            Some(last) => index[last],
+            None => IndexEntry { offset: self.base_offset, position: 0 },
         }
     }
 
-    /// Byte position to start scanning at for the first record with timestamp >= `ts`.
-    pub fn position_for_time(&self, ts: i64) -> u64 {
+    /// Where to start scanning for the first record with timestamp >= `ts`.
+    pub fn entry_for_time(&self, ts: i64) -> IndexEntry {
         // Entries before the first one whose preceding max timestamp reaches `ts` cannot hold it.
         let offset = {
             let time_index = read(&self.time_index);
             let i = time_index.partition_point(|e| e.max_timestamp_ms < ts);
-            if i == 0 {
-                return 0;
+            match i.checked_sub(1) {
+                Some(last) => time_index[last].offset,
+                None => return IndexEntry { offset: self.base_offset, position: 0 },
             }
-            time_index[i - 1].offset
         };
-        self.position_for(offset)
+        self.entry_for(offset)
     }
 
-    /// Reads whole batches from `position` up to `max_bytes` (at least one batch) within the
-    /// readable size. Every batch's CRC is checked; a bad one is an error, never served.
-    pub fn read_batches(&self, mut position: u64, max_bytes: usize) -> Result<Vec<RecordBatch>, StoreError> {
+    /// Reads whole batches from `start`, a batch boundary whose first offset is known, up to
+    /// `max_bytes` (at least one batch) within the readable size. Every batch's CRC and offset
+    /// are checked; a bad batch is never served. If it comes after good ones, those are
+    /// returned and the read that starts at the bad batch gets the error.
+    pub fn read_batches(&self, start: IndexEntry, max_bytes: usize) -> Result<Vec<RecordBatch>, StoreError> {
         let mut out = Vec::new();
         let mut total = 0usize;
+        let IndexEntry { offset: mut expected, mut position } = start;
         while position < self.size_bytes && (out.is_empty() || total < max_bytes) {
-            let mut head = [0u8; LOG_OVERHEAD];
-            self.file.read_exact_at(&mut head, position).map_err(|e| StoreError::io_read(e))?;
-            let corrupt = |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
-            let len = peek_batch_len(&head).ok_or_else(|| corrupt("invalid batch length".into()))?;
-            if len > BATCH_BYTES_MAX || position + len as u64 > self.size_bytes {
-                return Err(corrupt(format!("batch of {len} bytes runs past the end of the segment")));
-            }
-            if !out.is_empty() && total + len > max_bytes {
-                break;
-            }
-            let mut buf = BytesMut::zeroed(len);
-            self.file.read_exact_at(&mut buf, position).map_err(|e| StoreError::io_read(e))?;
-            let batch = RecordBatch::parse(buf.freeze()).map_err(|e| corrupt(e.to_string()))?;
-            total += len;
-            position += len as u64;
+            let room = if out.is_empty() { usize::MAX } else { max_bytes - total };
+            let batch = match self.batch_at(position, expected, room) {
+                Ok(Some(batch)) => batch,
+                Ok(None) => break,
+                Err(_) if !out.is_empty() => break,
+                Err(e) => return Err(e),
+            };
+            total += batch.len_bytes();
+            position += batch.len_bytes() as u64;
+            expected = batch.next_offset();
             out.push(batch);
         }
         Ok(out)
+    }
+
+    /// The batch at `position`, which must start at offset `expected`; `None` if it is larger
+    /// than `room` bytes.
+    fn batch_at(&self, position: u64, expected: u64, room: usize) -> Result<Option<RecordBatch>, StoreError> {
+        let corrupt = |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
+        if position + LOG_OVERHEAD as u64 > self.size_bytes {
+            return Err(corrupt("incomplete batch header".into()));
+        }
+        let mut head = [0u8; LOG_OVERHEAD];
+        self.file.read_exact_at(&mut head, position).map_err(StoreError::io_read)?;
+        let len = peek_batch_len(&head).ok_or_else(|| corrupt("invalid batch length".into()))?;
+        if len > BATCH_BYTES_MAX || position + len as u64 > self.size_bytes {
+            return Err(corrupt(format!("batch of {len} bytes runs past the end of the segment")));
+        }
+        if len > room {
+            return Ok(None);
+        }
+        let mut buf = BytesMut::zeroed(len);
+        self.file.read_exact_at(&mut buf, position).map_err(StoreError::io_read)?;
+        let batch = RecordBatch::parse(buf.freeze()).map_err(|e| corrupt(e.to_string()))?;
+        if batch.base_offset() != expected {
+            return Err(corrupt(format!(
+                "batch starts at offset {} but offset {expected} was expected",
+                batch.base_offset()
+            )));
+        }
+        Ok(Some(batch))
     }
 }
 

@@ -179,12 +179,16 @@ impl Client {
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T, ClientError> {
-        let resp = req.send().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
+        let resp =
+            req.send().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
+        let body =
+            resp.bytes().await.map_err(|e| ClientError::Transport { url: self.base.clone(), source: e })?;
         if !status.is_success() {
             return Err(match serde_json::from_slice::<ErrorBody>(&body) {
-                Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+                Ok(e) => {
+                    ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message }
+                }
                 Err(_) => ClientError::Api {
                     status: status.as_u16(),
                     code: "http_error".into(),
@@ -230,7 +234,8 @@ impl Client {
 
     /// Deletes a topic.
     pub async fn delete_topic(&self, name: &str) -> Result<(), ClientError> {
-        let _: Option<serde_json::Value> = self.send(self.http.delete(self.url(&format!("/v1/topics/{name}")))).await?;
+        let _: Option<serde_json::Value> =
+            self.send(self.http.delete(self.url(&format!("/v1/topics/{name}")))).await?;
         Ok(())
     }
 
@@ -241,12 +246,18 @@ impl Client {
             ids: Vec<String>,
         }
         let body = serde_json::json!({ "messages": messages });
-        let ids: Ids = self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/messages"))).json(&body)).await?;
+        let ids: Ids =
+            self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/messages"))).json(&body)).await?;
         Ok(ids.ids)
     }
 
     /// Produces one RecordBatch v2 to a partition; returns its first and last offset.
-    pub async fn produce_batch(&self, topic: &str, partition: u32, batch: bytes::Bytes) -> Result<(u64, u64), ClientError> {
+    pub async fn produce_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        batch: bytes::Bytes,
+    ) -> Result<(u64, u64), ClientError> {
         #[derive(Deserialize)]
         struct Range {
             base_offset: u64,
@@ -269,7 +280,8 @@ impl Client {
         struct Messages {
             messages: Vec<Message>,
         }
-        let m: Messages = self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/poll"))).json(poll)).await?;
+        let m: Messages =
+            self.send(self.http.post(self.url(&format!("/v1/topics/{topic}/poll"))).json(poll)).await?;
         Ok(m.messages)
     }
 
@@ -280,7 +292,8 @@ impl Client {
             acked: u64,
         }
         let body = serde_json::json!({ "ids": ids });
-        let a: Acked = self.send(self.http.post(self.url(&format!("/v1/groups/{group}/ack"))).json(&body)).await?;
+        let a: Acked =
+            self.send(self.http.post(self.url(&format!("/v1/groups/{group}/ack"))).json(&body)).await?;
         Ok(a.acked)
     }
 
@@ -308,8 +321,10 @@ impl Client {
         if let Some(t) = from_time_ms {
             q.push(("from_time", t.to_string()));
         }
-        self.send(self.http.get(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/messages"))).query(&q))
-            .await
+        self.send(
+            self.http.get(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/messages"))).query(&q),
+        )
+        .await
     }
 
     /// Describes a group.

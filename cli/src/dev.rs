@@ -25,6 +25,20 @@ pub async fn run(config: DevConfig) -> Result<()> {
     init_tracing();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
+    // One process per data directory: a second one would corrupt the logs.
+    let lock_path = config.data_dir.join("LOCK");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    lock.try_lock().map_err(|_| {
+        anyhow::anyhow!(
+            "data directory {} is in use by another silt process; stop it or choose another --data-dir",
+            config.data_dir.display()
+        )
+    })?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -53,6 +67,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
     info!("shutting down");
     agent.shutdown().await;
     metadata.shutdown().await;
+    drop(lock);
     Ok(())
 }
 

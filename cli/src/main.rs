@@ -198,7 +198,16 @@ async fn run(cli: Cli) -> Result<()> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let sep = key_separator.map(|s| unescape(&s));
-            produce(&Client::new(&server.server)?, &topic, sep, partition, headers, linger, batch_max.clamp(1, 10_000)).await
+            produce(
+                &Client::new(&server.server)?,
+                &topic,
+                sep,
+                partition,
+                headers,
+                linger,
+                batch_max.clamp(1, 10_000),
+            )
+            .await
         }
         Cmd::Consume { topic, group, max, timeout, mode, member, no_ack, server } => {
             let member = member.unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()));
@@ -212,7 +221,9 @@ async fn run(cli: Cli) -> Result<()> {
             let from_time_ms = match from_time {
                 Some(t) => Some(
                     humantime::parse_rfc3339_weak(&t)
-                        .with_context(|| format!("--from-time '{t}' is not an RFC 3339 time like 2026-11-30T10:00:00Z"))?
+                        .with_context(|| {
+                            format!("--from-time '{t}' is not an RFC 3339 time like 2026-11-30T10:00:00Z")
+                        })?
                         .duration_since(std::time::UNIX_EPOCH)
                         .map(|d| d.as_millis() as i64)
                         .unwrap_or(0),
@@ -230,7 +241,9 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "consumer".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "consumer".into())
 }
 
 /// Turns `\t`, `\n`, `\r`, `\0` and `\\` into the characters they name.
@@ -263,7 +276,8 @@ async fn topic(cmd: TopicCmd, client: &Client) -> Result<()> {
         TopicCmd::Create { name, partitions, config } => {
             let mut map = BTreeMap::new();
             for c in &config {
-                let (k, v) = c.split_once('=').with_context(|| format!("--config '{c}' is not NAME=VALUE"))?;
+                let (k, v) =
+                    c.split_once('=').with_context(|| format!("--config '{c}' is not NAME=VALUE"))?;
                 map.insert(k.to_string(), v.to_string());
             }
             client.create_topic(&name, partitions, &map).await?

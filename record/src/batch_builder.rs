@@ -4,9 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::RecordError;
 use crate::record::NewRecord;
-use crate::record_batch::{
-    ATTRIBUTES_AT, BATCH_HEADER_BYTES, CRC_AT, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES,
-};
+use crate::record_batch::{ATTRIBUTES_AT, BATCH_HEADER_BYTES, CRC_AT, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES};
 use crate::varint;
 
 /// Accumulates [`NewRecord`]s and encodes them as one uncompressed batch.
@@ -31,10 +29,7 @@ impl Default for BatchBuilder {
 impl BatchBuilder {
     /// An empty builder.
     pub fn new() -> Self {
-        Self {
-            records: Vec::new(),
-            encoded_len: BATCH_HEADER_BYTES,
-        }
+        Self { records: Vec::new(), encoded_len: BATCH_HEADER_BYTES }
     }
 
     /// Adds a record; it gets the next offset delta.
@@ -63,15 +58,8 @@ impl BatchBuilder {
     /// Size in bytes the batch would have after pushing `record`; use it to
     /// cap a batch by size before adding to it.
     pub fn encoded_len_with(&self, record: &NewRecord) -> usize {
-        let base_timestamp = self
-            .records
-            .first()
-            .map_or(record.timestamp_ms, |first| first.timestamp_ms);
-        let size = record_size(
-            record,
-            record.timestamp_ms.wrapping_sub(base_timestamp),
-            self.records.len(),
-        );
+        let base_timestamp = self.records.first().map_or(record.timestamp_ms, |first| first.timestamp_ms);
+        let size = record_size(record, record.timestamp_ms.wrapping_sub(base_timestamp), self.records.len());
         self.encoded_len.saturating_add(size.total)
     }
 
@@ -97,24 +85,15 @@ impl BatchBuilder {
 pub fn encode_batch(records: &[NewRecord]) -> Result<Bytes, RecordError> {
     let first = records.first().ok_or(RecordError::EmptyBatch)?;
     let base_timestamp = first.timestamp_ms;
-    let max_timestamp = records
-        .iter()
-        .map(|r| r.timestamp_ms)
-        .max()
-        .unwrap_or(base_timestamp);
+    let max_timestamp = records.iter().map(|r| r.timestamp_ms).max().unwrap_or(base_timestamp);
 
     let sizes: Vec<RecordSize> = records
         .iter()
         .enumerate()
         .map(|(i, r)| record_size(r, r.timestamp_ms.wrapping_sub(base_timestamp), i))
         .collect();
-    let total = sizes
-        .iter()
-        .fold(BATCH_HEADER_BYTES, |acc, s| acc.saturating_add(s.total));
-    let too_large = RecordError::BatchTooLarge {
-        size: total,
-        max: MAX_BATCH_BYTES,
-    };
+    let total = sizes.iter().fold(BATCH_HEADER_BYTES, |acc, s| acc.saturating_add(s.total));
+    let too_large = RecordError::BatchTooLarge { size: total, max: MAX_BATCH_BYTES };
     if total > MAX_BATCH_BYTES {
         return Err(too_large);
     }
@@ -184,10 +163,7 @@ fn record_size(record: &NewRecord, timestamp_delta: i64, offset_delta: usize) ->
             .saturating_add(header.key.len())
             .saturating_add(nullable_size(header.value.as_deref()));
     }
-    RecordSize {
-        body,
-        total: body.saturating_add(len_prefix_size(body)),
-    }
+    RecordSize { body, total: body.saturating_add(len_prefix_size(body)) }
 }
 
 fn len_prefix_size(len: usize) -> usize {

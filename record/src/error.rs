@@ -9,9 +9,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RecordError {
     /// The buffer ends before the batch does.
-    #[error(
-        "record batch is truncated: it needs {needed} bytes but only {available} are available"
-    )]
+    #[error("record batch is truncated: it needs {needed} bytes but only {available} are available")]
     Truncated {
         /// Bytes the batch needs (the whole batch when its length is known).
         needed: usize,
@@ -104,19 +102,11 @@ mod tests {
              batches are supported"
         );
         assert_eq!(
-            RecordError::CrcMismatch {
-                stored: 0x0318_a270,
-                computed: 0xdead_beef
-            }
-            .to_string(),
+            RecordError::CrcMismatch { stored: 0x0318_a270, computed: 0xdead_beef }.to_string(),
             "record batch CRC mismatch (stored 0x0318a270, computed 0xdeadbeef): the batch is corrupt"
         );
         assert_eq!(
-            RecordError::Truncated {
-                needed: 71,
-                available: 30
-            }
-            .to_string(),
+            RecordError::Truncated { needed: 71, available: 30 }.to_string(),
             "record batch is truncated: it needs 71 bytes but only 30 are available"
         );
         assert_eq!(

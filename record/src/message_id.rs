@@ -29,11 +29,7 @@ pub struct MessageId {
 impl MessageId {
     /// Creates an id from its parts.
     pub fn new(topic: impl Into<String>, partition: u32, offset: u64) -> Self {
-        Self {
-            topic: topic.into(),
-            partition,
-            offset,
-        }
+        Self { topic: topic.into(), partition, offset }
     }
 }
 
@@ -97,33 +93,22 @@ impl FromStr for MessageId {
     /// sign, no leading zeros), so every id has exactly one text form; the
     /// topic must pass [`validate_topic_name`].
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let malformed = || MessageIdError::Malformed {
-            input: input.to_owned(),
-        };
+        let malformed = || MessageIdError::Malformed { input: input.to_owned() };
         let (rest, offset) = input.rsplit_once('/').ok_or_else(malformed)?;
         let (topic, partition) = rest.rsplit_once('/').ok_or_else(malformed)?;
         if topic.contains('/') {
             return Err(malformed());
         }
-        validate_topic_name(topic).map_err(|source| MessageIdError::BadTopic {
-            input: input.to_owned(),
-            source,
+        validate_topic_name(topic)
+            .map_err(|source| MessageIdError::BadTopic { input: input.to_owned(), source })?;
+        let partition_num = parse_canonical::<u32>(partition).ok_or_else(|| {
+            MessageIdError::BadPartition { input: input.to_owned(), partition: partition.to_owned() }
         })?;
-        let partition_num =
-            parse_canonical::<u32>(partition).ok_or_else(|| MessageIdError::BadPartition {
-                input: input.to_owned(),
-                partition: partition.to_owned(),
-            })?;
-        let offset_num =
-            parse_canonical::<u64>(offset).ok_or_else(|| MessageIdError::BadOffset {
-                input: input.to_owned(),
-                offset: offset.to_owned(),
-            })?;
-        Ok(Self {
-            topic: topic.to_owned(),
-            partition: partition_num,
-            offset: offset_num,
-        })
+        let offset_num = parse_canonical::<u64>(offset).ok_or_else(|| MessageIdError::BadOffset {
+            input: input.to_owned(),
+            offset: offset.to_owned(),
+        })?;
+        Ok(Self { topic: topic.to_owned(), partition: partition_num, offset: offset_num })
     }
 }
 
@@ -171,10 +156,7 @@ mod tests {
 
     #[test]
     fn displays_as_topic_partition_offset() {
-        assert_eq!(
-            MessageId::new("orders", 3, 1042).to_string(),
-            "orders/3/1042"
-        );
+        assert_eq!(MessageId::new("orders", 3, 1042).to_string(), "orders/3/1042");
     }
 
     #[test]
@@ -195,66 +177,33 @@ mod tests {
         for input in ["", "x", "orders/3", "a/b/3/4", "/", "//"] {
             let err = input.parse::<MessageId>().expect_err(input);
             assert!(
-                matches!(
-                    err,
-                    MessageIdError::Malformed { .. } | MessageIdError::BadTopic { .. }
-                ),
+                matches!(err, MessageIdError::Malformed { .. } | MessageIdError::BadTopic { .. }),
                 "{input}: {err:?}"
             );
         }
         assert_eq!(
-            "x".parse::<MessageId>()
-                .expect_err("no slashes")
-                .to_string(),
+            "x".parse::<MessageId>().expect_err("no slashes").to_string(),
             "message id 'x' is not of the form topic/partition/offset"
         );
         assert_eq!(
             "a/b/3/4".parse::<MessageId>(),
-            Err(MessageIdError::Malformed {
-                input: "a/b/3/4".into()
-            })
+            Err(MessageIdError::Malformed { input: "a/b/3/4".into() })
         );
     }
 
     #[test]
     fn rejects_bad_numbers() {
-        for input in [
-            "t/-1/0",
-            "t/+1/0",
-            "t/01/0",
-            "t/x/0",
-            "t//0",
-            "t/4294967296/0",
-            "t/ 1/0",
-        ] {
+        for input in ["t/-1/0", "t/+1/0", "t/01/0", "t/x/0", "t//0", "t/4294967296/0", "t/ 1/0"] {
             assert!(
-                matches!(
-                    input.parse::<MessageId>(),
-                    Err(MessageIdError::BadPartition { .. })
-                ),
+                matches!(input.parse::<MessageId>(), Err(MessageIdError::BadPartition { .. })),
                 "{input}"
             );
         }
-        for input in [
-            "t/0/-1",
-            "t/0/+1",
-            "t/0/007",
-            "t/0/",
-            "t/0/18446744073709551616",
-        ] {
-            assert!(
-                matches!(
-                    input.parse::<MessageId>(),
-                    Err(MessageIdError::BadOffset { .. })
-                ),
-                "{input}"
-            );
+        for input in ["t/0/-1", "t/0/+1", "t/0/007", "t/0/", "t/0/18446744073709551616"] {
+            assert!(matches!(input.parse::<MessageId>(), Err(MessageIdError::BadOffset { .. })), "{input}");
         }
         assert_eq!(
-            "t/x/0"
-                .parse::<MessageId>()
-                .expect_err("bad partition")
-                .to_string(),
+            "t/x/0".parse::<MessageId>().expect_err("bad partition").to_string(),
             "message id 't/x/0' is not of the form topic/partition/offset: partition 'x' is not a \
              non-negative 32-bit integer"
         );
@@ -270,15 +219,9 @@ mod tests {
         );
         assert!(matches!(
             "/0/1".parse::<MessageId>(),
-            Err(MessageIdError::BadTopic {
-                source: TopicNameError::Empty,
-                ..
-            })
+            Err(MessageIdError::BadTopic { source: TopicNameError::Empty, .. })
         ));
-        assert!(matches!(
-            "../0/1".parse::<MessageId>(),
-            Err(MessageIdError::BadTopic { .. })
-        ));
+        assert!(matches!("../0/1".parse::<MessageId>(), Err(MessageIdError::BadTopic { .. })));
     }
 
     #[test]
@@ -291,8 +234,7 @@ mod tests {
 
         let err = serde_json::from_str::<MessageId>(r#""nope""#).expect_err("malformed");
         assert!(
-            err.to_string()
-                .contains("message id 'nope' is not of the form topic/partition/offset"),
+            err.to_string().contains("message id 'nope' is not of the form topic/partition/offset"),
             "{err}"
         );
         assert!(serde_json::from_str::<MessageId>("42").is_err());

@@ -75,19 +75,11 @@ mod tests {
             (b"foobar", -790332482),
             (b"a-little-bit-long-string", -985981536),
             (b"a-little-bit-longer-string", -1486304829),
-            (
-                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
-                -58897971,
-            ),
+            (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
             (b"abc", 479470107),
         ];
         for &(key, expected) in cases {
-            assert_eq!(
-                murmur2(key),
-                expected,
-                "murmur2({:?})",
-                String::from_utf8_lossy(key)
-            );
+            assert_eq!(murmur2(key), expected, "murmur2({:?})", String::from_utf8_lossy(key));
         }
     }
 
@@ -103,12 +95,7 @@ mod tests {
                 assert_ne!(a, b);
             }
         }
-        assert_eq!(
-            hashes,
-            (0..=data.len())
-                .map(|n| murmur2(&data[..n]))
-                .collect::<Vec<_>>()
-        );
+        assert_eq!(hashes, (0..=data.len()).map(|n| murmur2(&data[..n])).collect::<Vec<_>>());
     }
 
     #[test]

@@ -104,10 +104,7 @@ const CONTROL_BIT: i16 = 0x20;
 /// Panics if `batch` is shorter than 8 bytes or `base_offset` exceeds
 /// `i64::MAX` (Kafka offsets are signed 64-bit).
 pub fn set_base_offset(batch: &mut [u8], base_offset: u64) {
-    assert!(
-        i64::try_from(base_offset).is_ok(),
-        "base offset {base_offset} exceeds the largest Kafka offset"
-    );
+    assert!(i64::try_from(base_offset).is_ok(), "base offset {base_offset} exceeds the largest Kafka offset");
     batch[BASE_OFFSET_AT..BASE_OFFSET_AT + 8].copy_from_slice(&base_offset.to_be_bytes());
 }
 
@@ -121,8 +118,7 @@ pub fn set_base_offset(batch: &mut [u8], base_offset: u64) {
 ///
 /// Panics if `batch` is shorter than 16 bytes.
 pub fn set_partition_leader_epoch(batch: &mut [u8], epoch: i32) {
-    batch[PARTITION_LEADER_EPOCH_AT..PARTITION_LEADER_EPOCH_AT + 4]
-        .copy_from_slice(&epoch.to_be_bytes());
+    batch[PARTITION_LEADER_EPOCH_AT..PARTITION_LEADER_EPOCH_AT + 4].copy_from_slice(&epoch.to_be_bytes());
 }
 
 /// Total size ([`LOG_OVERHEAD`] + `batchLength`) of the batch starting at
@@ -194,14 +190,9 @@ impl RecordBatch {
         let available = bytes.len();
         let batch_length = field(&bytes, BATCH_LENGTH_AT)
             .map(i32::from_be_bytes)
-            .ok_or(RecordError::Truncated {
-                needed: LOG_OVERHEAD,
-                available,
-            })?;
-        let batch_length = usize::try_from(batch_length)
-            .ok()
-            .filter(|&len| len >= MIN_BATCH_LENGTH)
-            .ok_or_else(|| {
+            .ok_or(RecordError::Truncated { needed: LOG_OVERHEAD, available })?;
+        let batch_length =
+            usize::try_from(batch_length).ok().filter(|&len| len >= MIN_BATCH_LENGTH).ok_or_else(|| {
                 RecordError::Corrupt(format!(
                     "batch length {batch_length} is smaller than the {MIN_BATCH_LENGTH}-byte \
                      minimum"
@@ -209,16 +200,10 @@ impl RecordBatch {
             })?;
         let batch_len = LOG_OVERHEAD + batch_length;
         if available < batch_len {
-            return Err(RecordError::Truncated {
-                needed: batch_len,
-                available,
-            });
+            return Err(RecordError::Truncated { needed: batch_len, available });
         }
         if available > batch_len {
-            return Err(RecordError::TrailingBytes {
-                batch_len,
-                buffer_len: available,
-            });
+            return Err(RecordError::TrailingBytes { batch_len, buffer_len: available });
         }
 
         let batch = Self { bytes };
@@ -237,16 +222,12 @@ impl RecordBatch {
         }
         let base_offset = batch.raw_base_offset();
         if base_offset < 0 {
-            return Err(RecordError::Corrupt(format!(
-                "negative base offset {base_offset}"
-            )));
+            return Err(RecordError::Corrupt(format!("negative base offset {base_offset}")));
         }
 
         let count = batch.raw_records_count();
         if count < 0 {
-            return Err(RecordError::Corrupt(format!(
-                "negative record count {count}"
-            )));
+            return Err(RecordError::Corrupt(format!("negative record count {count}")));
         }
         if count == 0 {
             return Err(RecordError::EmptyBatch);
@@ -263,10 +244,7 @@ impl RecordBatch {
                 "last offset delta {last_offset_delta} does not match record count {count}"
             )));
         }
-        if base_offset
-            .checked_add(i64::from(last_offset_delta))
-            .is_none()
-        {
+        if base_offset.checked_add(i64::from(last_offset_delta)).is_none() {
             return Err(RecordError::Corrupt(format!(
                 "last offset overflows: base offset {base_offset} plus delta {last_offset_delta}"
             )));
@@ -535,11 +513,7 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn new(bytes: &'a Bytes, position: usize, end: usize) -> Self {
-        Self {
-            bytes,
-            position,
-            end,
-        }
+        Self { bytes, position, end }
     }
 
     fn remaining(&self) -> usize {
@@ -551,10 +525,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn i8(&mut self, index: u32, what: &str) -> Result<i8, RecordError> {
-        let byte = *self
-            .rest()
-            .first()
-            .ok_or_else(|| corrupt(index, format!("{what} is missing")))?;
+        let byte = *self.rest().first().ok_or_else(|| corrupt(index, format!("{what} is missing")))?;
         self.position += 1;
         Ok(byte as i8)
     }
@@ -575,22 +546,14 @@ impl<'a> Cursor<'a> {
 
     /// A non-negative length or count, checked against the bytes left given
     /// that each counted item takes at least `min_item_bytes`.
-    fn count(
-        &mut self,
-        index: u32,
-        what: &str,
-        min_item_bytes: usize,
-    ) -> Result<usize, RecordError> {
+    fn count(&mut self, index: u32, what: &str, min_item_bytes: usize) -> Result<usize, RecordError> {
         let value = self.varint(index, what)?;
-        let count = usize::try_from(value)
-            .map_err(|_| corrupt(index, format!("{what} {value} is negative")))?;
+        let count =
+            usize::try_from(value).map_err(|_| corrupt(index, format!("{what} {value} is negative")))?;
         if count > self.remaining() / min_item_bytes {
             return Err(corrupt(
                 index,
-                format!(
-                    "{what} {count} is more than the {} remaining bytes can hold",
-                    self.remaining()
-                ),
+                format!("{what} {count} is more than the {} remaining bytes can hold", self.remaining()),
             ));
         }
         Ok(count)
@@ -608,15 +571,12 @@ impl<'a> Cursor<'a> {
         if len == -1 {
             return Ok(None);
         }
-        let len = usize::try_from(len)
-            .map_err(|_| corrupt(index, format!("{what} length {len} is invalid")))?;
+        let len =
+            usize::try_from(len).map_err(|_| corrupt(index, format!("{what} length {len} is invalid")))?;
         if len > self.remaining() {
             return Err(corrupt(
                 index,
-                format!(
-                    "{what} length {len} exceeds the {} remaining bytes",
-                    self.remaining()
-                ),
+                format!("{what} length {len} exceeds the {} remaining bytes", self.remaining()),
             ));
         }
         Ok(Some(self.take(len)))
@@ -629,11 +589,7 @@ fn corrupt(index: u32, message: String) -> RecordError {
 
 /// Decodes the record at the cursor, which must be record number `index` of
 /// its batch, and advances past it.
-fn decode_record(
-    batch: &mut Cursor<'_>,
-    index: u32,
-    context: &BatchContext,
-) -> Result<Record, RecordError> {
+fn decode_record(batch: &mut Cursor<'_>, index: u32, context: &BatchContext) -> Result<Record, RecordError> {
     let body_len = batch.count(index, "length", 1)?;
     let body_start = batch.position;
     let mut cursor = Cursor::new(batch.bytes, body_start, body_start + body_len);
@@ -642,10 +598,7 @@ fn decode_record(
     let timestamp_delta = cursor.varlong(index, "timestamp delta")?;
     let offset_delta = cursor.varint(index, "offset delta")?;
     if i64::from(offset_delta) != i64::from(index) {
-        return Err(corrupt(
-            index,
-            format!("offset delta is {offset_delta}, expected {index}"),
-        ));
+        return Err(corrupt(index, format!("offset delta is {offset_delta}, expected {index}")));
     }
     let key = cursor.nullable_bytes(index, "key")?;
     let value = cursor.nullable_bytes(index, "value")?;
@@ -663,10 +616,7 @@ fn decode_record(
     if cursor.remaining() != 0 {
         return Err(corrupt(
             index,
-            format!(
-                "{} unexpected bytes after the headers (length says {body_len})",
-                cursor.remaining()
-            ),
+            format!("{} unexpected bytes after the headers (length says {body_len})", cursor.remaining()),
         ));
     }
     batch.position = cursor.end;

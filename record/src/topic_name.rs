@@ -52,10 +52,7 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicNameError> {
         return Err(TopicNameError::TooLong { len });
     }
     if let Some(invalid) = name.chars().find(|&c| !is_legal_char(c)) {
-        return Err(TopicNameError::InvalidChar {
-            name: name.to_owned(),
-            invalid,
-        });
+        return Err(TopicNameError::InvalidChar { name: name.to_owned(), invalid });
     }
     Ok(())
 }
@@ -88,14 +85,8 @@ mod tests {
     #[test]
     fn rejects_empty_and_reserved() {
         assert_eq!(validate_topic_name(""), Err(TopicNameError::Empty));
-        assert_eq!(
-            validate_topic_name("."),
-            Err(TopicNameError::Reserved(".".into()))
-        );
-        assert_eq!(
-            validate_topic_name(".."),
-            Err(TopicNameError::Reserved("..".into()))
-        );
+        assert_eq!(validate_topic_name("."), Err(TopicNameError::Reserved(".".into())));
+        assert_eq!(validate_topic_name(".."), Err(TopicNameError::Reserved("..".into())));
         assert_eq!(
             validate_topic_name("..").map_err(|e| e.to_string()),
             Err("topic name '..' is not allowed".to_owned())
@@ -107,41 +98,26 @@ mod tests {
         let name = "x".repeat(MAX_TOPIC_NAME_LEN + 1);
         let err = validate_topic_name(&name).expect_err("250 characters is too long");
         assert_eq!(err, TopicNameError::TooLong { len: 250 });
-        assert_eq!(
-            err.to_string(),
-            "topic name is 250 characters long, the maximum is 249"
-        );
+        assert_eq!(err.to_string(), "topic name is 250 characters long, the maximum is 249");
     }
 
     #[test]
     fn rejects_illegal_characters() {
-        for (name, invalid) in [
-            ("a b", ' '),
-            ("a/b", '/'),
-            ("a:b", ':'),
-            ("é", 'é'),
-            ("tab\there", '\t'),
-            ("ok*", '*'),
-        ] {
+        for (name, invalid) in
+            [("a b", ' '), ("a/b", '/'), ("a:b", ':'), ("é", 'é'), ("tab\there", '\t'), ("ok*", '*')]
+        {
             assert_eq!(
                 validate_topic_name(name),
-                Err(TopicNameError::InvalidChar {
-                    name: name.into(),
-                    invalid
-                }),
+                Err(TopicNameError::InvalidChar { name: name.into(), invalid }),
                 "{name}"
             );
         }
         assert_eq!(
-            validate_topic_name("a b")
-                .expect_err("space is illegal")
-                .to_string(),
+            validate_topic_name("a b").expect_err("space is illegal").to_string(),
             "topic name 'a b' contains ' ', only ASCII letters, digits, '.', '_' and '-' are allowed"
         );
         assert_eq!(
-            validate_topic_name("a\nb")
-                .expect_err("newline is illegal")
-                .to_string(),
+            validate_topic_name("a\nb").expect_err("newline is illegal").to_string(),
             "topic name 'a\\nb' contains '\\n', only ASCII letters, digits, '.', '_' and '-' are allowed"
         );
     }

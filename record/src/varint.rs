@@ -102,9 +102,7 @@ pub fn get_varint(buf: &[u8]) -> Result<(i32, usize), VarintError> {
         }
     }
     if buf.len() >= MAX_VARINT_BYTES {
-        Err(VarintError::TooLong {
-            max_bytes: MAX_VARINT_BYTES,
-        })
+        Err(VarintError::TooLong { max_bytes: MAX_VARINT_BYTES })
     } else {
         Err(VarintError::Truncated)
     }
@@ -123,9 +121,7 @@ pub fn get_varlong(buf: &[u8]) -> Result<(i64, usize), VarintError> {
         }
     }
     if buf.len() >= MAX_VARLONG_BYTES {
-        Err(VarintError::TooLong {
-            max_bytes: MAX_VARLONG_BYTES,
-        })
+        Err(VarintError::TooLong { max_bytes: MAX_VARLONG_BYTES })
     } else {
         Err(VarintError::Truncated)
     }
@@ -188,11 +184,7 @@ mod tests {
         ];
         for &(bytes, value) in cases {
             assert_eq!(encode_i32(value), bytes, "encoding {value}");
-            assert_eq!(
-                get_varint(bytes),
-                Ok((value, bytes.len())),
-                "decoding {value}"
-            );
+            assert_eq!(get_varint(bytes), Ok((value, bytes.len())), "decoding {value}");
             assert_eq!(varint_len(value), bytes.len());
         }
     }
@@ -211,30 +203,14 @@ mod tests {
             (&[0xFF, 0xFF, 0xFF, 0xFF, 0x0F], -2147483648),
             (&[0x80, 0x80, 0x80, 0x80, 0x10], 2147483648),
             (&[0x81, 0x80, 0x80, 0x80, 0x10], -2147483649),
-            (
-                &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
-                4611686018427387904,
-            ),
-            (
-                &[0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
-                -4611686018427387905,
-            ),
-            (
-                &[0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01],
-                i64::MAX,
-            ),
-            (
-                &[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01],
-                i64::MIN,
-            ),
+            (&[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01], 4611686018427387904),
+            (&[0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01], -4611686018427387905),
+            (&[0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], i64::MAX),
+            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], i64::MIN),
         ];
         for &(bytes, value) in cases {
             assert_eq!(encode_i64(value), bytes, "encoding {value}");
-            assert_eq!(
-                get_varlong(bytes),
-                Ok((value, bytes.len())),
-                "decoding {value}"
-            );
+            assert_eq!(get_varlong(bytes), Ok((value, bytes.len())), "decoding {value}");
             assert_eq!(varlong_len(value), bytes.len());
         }
     }
@@ -245,18 +221,9 @@ mod tests {
             get_varint(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x01]),
             Err(VarintError::TooLong { max_bytes: 5 })
         );
-        assert_eq!(
-            get_varint(&[0xFF; 5]),
-            Err(VarintError::TooLong { max_bytes: 5 })
-        );
-        assert_eq!(
-            get_varlong(&[0x80; 11]),
-            Err(VarintError::TooLong { max_bytes: 10 })
-        );
-        assert_eq!(
-            get_varlong(&[0xFF; 10]),
-            Err(VarintError::TooLong { max_bytes: 10 })
-        );
+        assert_eq!(get_varint(&[0xFF; 5]), Err(VarintError::TooLong { max_bytes: 5 }));
+        assert_eq!(get_varlong(&[0x80; 11]), Err(VarintError::TooLong { max_bytes: 10 }));
+        assert_eq!(get_varlong(&[0xFF; 10]), Err(VarintError::TooLong { max_bytes: 10 }));
     }
 
     #[test]
@@ -270,10 +237,7 @@ mod tests {
     #[test]
     fn like_kafka_ignores_excess_bits_in_last_byte_and_accepts_padding() {
         // Fifth byte 0x7F: only its low 4 bits fit in 32 bits.
-        assert_eq!(
-            get_varint(&[0xFE, 0xFF, 0xFF, 0xFF, 0x7F]),
-            Ok((i32::MAX, 5))
-        );
+        assert_eq!(get_varint(&[0xFE, 0xFF, 0xFF, 0xFF, 0x7F]), Ok((i32::MAX, 5)));
         // A non-minimal encoding of zero.
         assert_eq!(get_varint(&[0x80, 0x00]), Ok((0, 2)));
         // Decoding stops at the first byte without the continuation bit.

@@ -88,7 +88,10 @@ impl SiltDev {
             }
         });
         let url = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
-            panic!("silt dev did not start within 30s; log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default())
+            panic!(
+                "silt dev did not start within 30s; log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
         });
         self.url = url;
         self.child = Some(child);

@@ -20,7 +20,8 @@ fn poll_req(group: &str, member: &str, mode: &str, max: u32, timeout_ms: u64) ->
 }
 
 async fn create(client: &Client, topic: &str, partitions: u32, config: &[(&str, &str)]) {
-    let config: BTreeMap<String, String> = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let config: BTreeMap<String, String> =
+        config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     client.create_topic(topic, partitions, &config).await.expect("create topic");
 }
 
@@ -86,8 +87,14 @@ async fn hundred_thousand_messages_from_four_producers_are_consumed_exactly_as_a
     let mut consumed: Vec<Message> = Vec::new();
     let mut seen = HashSet::new();
     while consumed.len() < acked.len() {
-        let batch = client.poll("load", &poll_req("checker", "c1", "exclusive", 5000, 5000)).await.expect("poll");
-        assert!(!batch.is_empty(), "poll timed out with {} of {} messages consumed", consumed.len(), acked.len());
+        let batch =
+            client.poll("load", &poll_req("checker", "c1", "exclusive", 5000, 5000)).await.expect("poll");
+        assert!(
+            !batch.is_empty(),
+            "poll timed out with {} of {} messages consumed",
+            consumed.len(),
+            acked.len()
+        );
         let ids: Vec<String> = batch.iter().map(|m| m.id.clone()).collect();
         client.ack("checker", &ids).await.expect("ack");
         for m in batch {
@@ -97,7 +104,8 @@ async fn hundred_thousand_messages_from_four_producers_are_consumed_exactly_as_a
     }
     // Every consumed message is exactly what was acknowledged under its id.
     for m in &consumed {
-        let (k, v) = acked.get(&m.id).unwrap_or_else(|| panic!("consumed {} which was never acknowledged", m.id));
+        let (k, v) =
+            acked.get(&m.id).unwrap_or_else(|| panic!("consumed {} which was never acknowledged", m.id));
         assert_eq!(m.key.as_ref(), Some(k), "key of {}", m.id);
         assert_eq!(m.value.as_ref(), Some(v), "value of {}", m.id);
         assert_eq!(m.delivery, Some(1));
@@ -114,7 +122,8 @@ async fn hundred_thousand_messages_from_four_producers_are_consumed_exactly_as_a
         let mut last: HashMap<u32, u64> = HashMap::new();
         for id in ids {
             let parts: Vec<&str> = id.rsplitn(3, '/').collect();
-            let (offset, partition): (u64, u32) = (parts[0].parse().expect("offset"), parts[1].parse().expect("p"));
+            let (offset, partition): (u64, u32) =
+                (parts[0].parse().expect("offset"), parts[1].parse().expect("p"));
             if let Some(prev) = last.insert(partition, offset) {
                 assert!(offset > prev, "a producer's messages were reordered in partition {partition}");
             }
@@ -168,7 +177,8 @@ async fn kill9_during_produce_loses_no_acknowledged_message() {
         let client = client.clone();
         async move {
             let t = client.describe_topic("crash").await.ok()?;
-            let total: u64 = t["partitions"].as_array()?.iter().filter_map(|p| p["high_watermark"].as_u64()).sum();
+            let total: u64 =
+                t["partitions"].as_array()?.iter().filter_map(|p| p["high_watermark"].as_u64()).sum();
             (total >= 20_000).then_some(())
         }
     })
@@ -181,7 +191,10 @@ async fn kill9_during_produce_loses_no_acknowledged_message() {
         printed.push(reader.join().expect("reader thread"));
     }
     let total_printed: usize = printed.iter().map(Vec::len).sum();
-    eprintln!("acknowledged before the kill: {total_printed} ({:?} per producer)", printed.iter().map(Vec::len).collect::<Vec<_>>());
+    eprintln!(
+        "acknowledged before the kill: {total_printed} ({:?} per producer)",
+        printed.iter().map(Vec::len).collect::<Vec<_>>()
+    );
     assert!(total_printed > 0, "producers printed no id before the kill");
     assert!(printed.iter().all(|p| p.len() < LINES), "the kill came after a producer had finished");
 
@@ -193,9 +206,9 @@ async fn kill9_during_produce_loses_no_acknowledged_message() {
     // The i-th id a producer printed is its i-th line, at exactly that offset.
     for (producer, ids) in printed.iter().enumerate() {
         for (i, id) in ids.iter().enumerate() {
-            let m = by_id
-                .get(id.as_str())
-                .unwrap_or_else(|| panic!("acknowledged message {id} (producer {producer}, line {i}) is lost"));
+            let m = by_id.get(id.as_str()).unwrap_or_else(|| {
+                panic!("acknowledged message {id} (producer {producer}, line {i}) is lost")
+            });
             assert_eq!(m.value.as_deref(), Some(format!("p{producer}-{i}").as_str()), "message at {id}");
             assert_eq!(m.key.as_deref(), Some(format!("p{producer}-k{}", i % 13).as_str()), "key at {id}");
         }
@@ -207,7 +220,10 @@ async fn kill9_during_produce_loses_no_acknowledged_message() {
     }
     // The restarted server accepts writes after the recovered end.
     let ids = client
-        .produce("crash", &[OutMessage { partition: Some(0), value: Some("after".into()), ..Default::default() }])
+        .produce(
+            "crash",
+            &[OutMessage { partition: Some(0), value: Some("after".into()), ..Default::default() }],
+        )
         .await
         .expect("produce after restart");
     let expected = messages.iter().filter(|m| m.partition == 0).count();
@@ -220,7 +236,10 @@ async fn unacked_message_is_redelivered_and_then_dead_lettered() {
     let client = dev.client();
     create(&client, "jobs", 1, &[("visibility.timeout.ms", "300"), ("max.deliveries", "2")]).await;
     let ids = client
-        .produce("jobs", &[OutMessage { key: Some("k".into()), value: Some("work".into()), ..Default::default() }])
+        .produce(
+            "jobs",
+            &[OutMessage { key: Some("k".into()), value: Some("work".into()), ..Default::default() }],
+        )
         .await
         .expect("produce");
     let first = client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 1000)).await.expect("poll");
@@ -234,7 +253,8 @@ async fn unacked_message_is_redelivered_and_then_dead_lettered() {
     let dlq = wait_for("the dead-letter topic to receive the message", Duration::from_secs(10), || {
         let client = client.clone();
         async move {
-            let again = client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 500)).await.expect("poll");
+            let again =
+                client.poll("jobs", &poll_req("workers", "w1", "shared", 10, 500)).await.expect("poll");
             assert!(again.is_empty(), "a message past max.deliveries was delivered again: {again:?}");
             let page = client.replay("jobs.dlq", 0, Some(0), None, 10).await.ok()?;
             (!page.messages.is_empty()).then_some(page.messages)
@@ -270,7 +290,8 @@ async fn acked_messages_stay_acked_across_a_restart() {
     let got = client.poll("ledger", &poll_req("g", "m", "exclusive", 10, 2000)).await.expect("poll");
     assert_eq!(got.len(), 10);
     // Ack all but offsets 3 and 7.
-    let ids: Vec<String> = got.iter().filter(|m| m.offset != 3 && m.offset != 7).map(|m| m.id.clone()).collect();
+    let ids: Vec<String> =
+        got.iter().filter(|m| m.offset != 3 && m.offset != 7).map(|m| m.id.clone()).collect();
     client.ack("g", &ids).await.expect("ack");
     wait_for("the ack checkpoint", Duration::from_secs(10), || {
         let client = client.clone();
@@ -330,7 +351,10 @@ async fn exclusive_groups_split_partitions_and_shared_groups_split_messages() {
     assert_eq!(ids.len(), 40);
     // A group's mode is fixed once it exists.
     let err = client.poll("split", &poll_req("sh", "z", "exclusive", 1, 0)).await.expect_err("mode mismatch");
-    assert!(matches!(err, ClientError::Api { status: 409, ref code, .. } if code == "group_mode_mismatch"), "{err}");
+    assert!(
+        matches!(err, ClientError::Api { status: 409, ref code, .. } if code == "group_mode_mismatch"),
+        "{err}"
+    );
 }
 
 async fn raw(url: &str, method: reqwest::Method, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
@@ -350,26 +374,143 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let url = dev.url().to_string();
     let client = dev.client();
     create(&client, "good", 2, &[("max.message.bytes", "1024")]).await;
-    client.produce("good", &[OutMessage { partition: Some(0), value: Some("v".into()), ..Default::default() }]).await.expect("produce");
+    client
+        .produce("good", &[OutMessage { partition: Some(0), value: Some("v".into()), ..Default::default() }])
+        .await
+        .expect("produce");
     use reqwest::Method;
-    let cases: Vec<(Method, String, Option<String>, u16, &str, &str)> = vec![
-        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"bad name"}"#.into()), 400, "invalid_topic_name", "contains"),
-        (Method::POST, "/v1/topics".into(), Some(format!(r#"{{"name":"{}"}}"#, "x".repeat(250))), 400, "invalid_topic_name", "249"),
-        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"good"}"#.into()), 409, "topic_exists", "already exists"),
-        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"t2","config":{"segment.bites":"1"}}"#.into()), 400, "invalid_config", "unknown topic config"),
-        (Method::POST, "/v1/topics".into(), Some(r#"{"name":"t3","partitions":0}"#.into()), 400, "invalid_argument", "partitions"),
+    // (method, path, body, expected status, expected code, phrase the message must contain)
+    type Case = (Method, String, Option<String>, u16, &'static str, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(r#"{"name":"bad name"}"#.into()),
+            400,
+            "invalid_topic_name",
+            "contains",
+        ),
+        (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(format!(r#"{{"name":"{}"}}"#, "x".repeat(250))),
+            400,
+            "invalid_topic_name",
+            "249",
+        ),
+        (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(r#"{"name":"good"}"#.into()),
+            409,
+            "topic_exists",
+            "already exists",
+        ),
+        (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(r#"{"name":"t2","config":{"segment.bites":"1"}}"#.into()),
+            400,
+            "invalid_config",
+            "unknown topic config",
+        ),
+        (
+            Method::POST,
+            "/v1/topics".into(),
+            Some(r#"{"name":"t3","partitions":0}"#.into()),
+            400,
+            "invalid_argument",
+            "partitions",
+        ),
         (Method::POST, "/v1/topics".into(), Some(r#"{"name": "#.into()), 400, "invalid_json", ""),
-        (Method::POST, "/v1/topics/nope/messages".into(), Some(r#"{"messages":[{"value":"v"}]}"#.into()), 404, "unknown_topic", "'nope' does not exist"),
-        (Method::POST, "/v1/topics/good/messages".into(), Some(format!(r#"{{"messages":[{{"value":"small"}},{{"value":"{}"}}]}}"#, "x".repeat(2000))), 413, "message_too_large", "max.message.bytes"),
-        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[{"value":"v","partition":7}]}"#.into()), 404, "unknown_partition", "no partition 7"),
-        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[{"valeu":"v"}]}"#.into()), 400, "invalid_json", "valeu"),
-        (Method::POST, "/v1/topics/good/messages".into(), Some(r#"{"messages":[]}"#.into()), 400, "empty_request", ""),
-        (Method::POST, "/v1/topics/good/partitions/0/batches".into(), Some("not a batch".into()), 400, "invalid_record_batch", ""),
-        (Method::POST, "/v1/topics/good/poll".into(), Some(r#"{"group":"g","max":0}"#.into()), 400, "invalid_max", "between 1 and"),
-        (Method::POST, "/v1/topics/good/poll".into(), Some(r#"{"group":"g","max":100001}"#.into()), 400, "invalid_max", ""),
-        (Method::POST, "/v1/groups/g/ack".into(), Some(r#"{"ids":["good/0/0"]}"#.into()), 400, "not_delivered", "never delivered"),
-        (Method::POST, "/v1/groups/g/ack".into(), Some(r#"{"ids":["not-an-id"]}"#.into()), 400, "invalid_id", "topic/partition/offset"),
-        (Method::GET, "/v1/topics/good/partitions/0/messages?from_offset=abc".into(), None, 400, "invalid_query", ""),
+        (
+            Method::POST,
+            "/v1/topics/nope/messages".into(),
+            Some(r#"{"messages":[{"value":"v"}]}"#.into()),
+            404,
+            "unknown_topic",
+            "'nope' does not exist",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/messages".into(),
+            Some(format!(r#"{{"messages":[{{"value":"small"}},{{"value":"{}"}}]}}"#, "x".repeat(2000))),
+            413,
+            "message_too_large",
+            "max.message.bytes",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/messages".into(),
+            Some(r#"{"messages":[{"value":"v","partition":7}]}"#.into()),
+            404,
+            "unknown_partition",
+            "no partition 7",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/messages".into(),
+            Some(r#"{"messages":[{"valeu":"v"}]}"#.into()),
+            400,
+            "invalid_json",
+            "valeu",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/messages".into(),
+            Some(r#"{"messages":[]}"#.into()),
+            400,
+            "empty_request",
+            "",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/partitions/0/batches".into(),
+            Some("not a batch".into()),
+            400,
+            "invalid_record_batch",
+            "",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/poll".into(),
+            Some(r#"{"group":"g","max":0}"#.into()),
+            400,
+            "invalid_max",
+            "between 1 and",
+        ),
+        (
+            Method::POST,
+            "/v1/topics/good/poll".into(),
+            Some(r#"{"group":"g","max":100001}"#.into()),
+            400,
+            "invalid_max",
+            "",
+        ),
+        (
+            Method::POST,
+            "/v1/groups/g/ack".into(),
+            Some(r#"{"ids":["good/0/0"]}"#.into()),
+            400,
+            "not_delivered",
+            "never delivered",
+        ),
+        (
+            Method::POST,
+            "/v1/groups/g/ack".into(),
+            Some(r#"{"ids":["not-an-id"]}"#.into()),
+            400,
+            "invalid_id",
+            "topic/partition/offset",
+        ),
+        (
+            Method::GET,
+            "/v1/topics/good/partitions/0/messages?from_offset=abc".into(),
+            None,
+            400,
+            "invalid_query",
+            "",
+        ),
         (Method::GET, "/v1/groups/nobody".into(), None, 404, "unknown_group", ""),
         (Method::GET, "/v2/whatever".into(), None, 404, "not_found", ""),
     ];
@@ -392,12 +533,18 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
 async fn cli_walkthrough_from_the_readme() {
     let dev = SiltDev::start();
     let url = dev.url().to_string();
-    silt_cli(&url, &["topic", "create", "orders", "--partitions", "4", "--config", "segment.bytes=1048576"], None);
+    silt_cli(
+        &url,
+        &["topic", "create", "orders", "--partitions", "4", "--config", "segment.bytes=1048576"],
+        None,
+    );
     let produced = silt_cli(&url, &["produce", "orders", "--key-separator", "\\t"], Some("k1\tv1\nk2\tv2\n"));
     let ids: Vec<&str> = produced.lines().collect();
     assert_eq!(ids.len(), 2, "{produced}");
-    let consumed = silt_cli(&url, &["consume", "orders", "--group", "billing", "--max", "100", "--timeout", "1s"], None);
-    let messages: Vec<Message> = consumed.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
+    let consumed =
+        silt_cli(&url, &["consume", "orders", "--group", "billing", "--max", "100", "--timeout", "1s"], None);
+    let messages: Vec<Message> =
+        consumed.lines().map(|l| serde_json::from_str(l).expect("json line")).collect();
     let mut pairs: Vec<(String, String, String)> = messages
         .iter()
         .map(|m| (m.id.clone(), m.key.clone().unwrap_or_default(), m.value.clone().unwrap_or_default()))

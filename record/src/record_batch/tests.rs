@@ -163,13 +163,7 @@ fn parses_a_batch_written_by_a_kafka_broker() {
     assert_eq!(
         batch.records().collect::<Vec<_>>(),
         vec![
-            Record {
-                offset: 1,
-                timestamp_ms: base,
-                key: None,
-                value: Some(Bytes::new()),
-                headers: vec![],
-            },
+            Record { offset: 1, timestamp_ms: base, key: None, value: Some(Bytes::new()), headers: vec![] },
             Record {
                 offset: 2,
                 timestamp_ms: base + 168,
@@ -185,8 +179,7 @@ fn parses_a_batch_written_by_a_kafka_broker() {
 fn builds_the_same_bytes_a_kafka_producer_does() {
     // Same records; base offset and epoch are stamped afterwards, as the
     // broker does, and the Kafka-computed CRC must match ours unchanged.
-    let mut one =
-        BytesMut::from(&build(&[new_record(0x0000_015d_ff7b_063c, None, Some("123"))])[..]);
+    let mut one = BytesMut::from(&build(&[new_record(0x0000_015d_ff7b_063c, None, Some("123"))])[..]);
     set_partition_leader_epoch(&mut one, 1);
     assert_eq!(&one[..], KAFKA_BATCH_ONE_RECORD);
 
@@ -245,10 +238,7 @@ fn hand_built_batch_matches_the_spec_layout() {
         timestamp_ms: ts,
         key: Some(Bytes::from_static(b"k")),
         value: Some(Bytes::from_static(b"hello")),
-        headers: vec![Header {
-            key: "h".into(),
-            value: Some(Bytes::from_static(b"v")),
-        }],
+        headers: vec![Header { key: "h".into(), value: Some(Bytes::from_static(b"v")) }],
     }]);
     assert_eq!(&built[..], &expected[..]);
     let batch = parse_ok(expected);
@@ -279,11 +269,7 @@ fn builder_sets_header_fields() {
     assert!(!batch.is_log_append_time());
     assert!(!batch.is_transactional());
     assert!(!batch.is_control());
-    assert_eq!(
-        batch.base_timestamp(),
-        5_000,
-        "the first record's timestamp"
-    );
+    assert_eq!(batch.base_timestamp(), 5_000, "the first record's timestamp");
     assert_eq!(batch.max_timestamp(), 9_000);
     assert_eq!(batch.producer_id(), -1);
     assert_eq!(batch.producer_epoch(), -1);
@@ -310,14 +296,8 @@ fn encoded_len_predicts_the_built_size() {
             key: None,
             value: Some(Bytes::from(vec![7; 20_000])),
             headers: vec![
-                Header {
-                    key: "trace-id".into(),
-                    value: Some(Bytes::from(big.clone())),
-                },
-                Header {
-                    key: String::new(),
-                    value: None,
-                },
+                Header { key: "trace-id".into(), value: Some(Bytes::from(big.clone())) },
+                Header { key: String::new(), value: None },
             ],
         },
     ];
@@ -332,10 +312,7 @@ fn encoded_len_predicts_the_built_size() {
     let bytes = builder.build().expect("builds");
     assert_eq!(bytes.len(), len);
     assert_eq!(peek_batch_len(&bytes), Some(len));
-    assert_eq!(
-        parse_ok(bytes).records().collect::<Vec<_>>(),
-        expected(&records, 0)
-    );
+    assert_eq!(parse_ok(bytes).records().collect::<Vec<_>>(), expected(&records, 0));
 }
 
 #[test]
@@ -359,10 +336,7 @@ fn records_share_the_batch_buffer() {
     let record = batch.records().next().expect("one record");
     let range = batch.as_bytes().as_ptr_range();
     let value = record.value.expect("has a value");
-    assert!(
-        range.contains(&value.as_ptr()),
-        "value is a slice of the batch"
-    );
+    assert!(range.contains(&value.as_ptr()), "value is a slice of the batch");
 }
 
 // ---------------------------------------------------------------------------
@@ -371,10 +345,7 @@ fn records_share_the_batch_buffer() {
 
 #[test]
 fn rewriting_offset_and_epoch_keeps_the_batch_valid() {
-    let records = [
-        new_record(1, None, Some("a")),
-        new_record(2, None, Some("b")),
-    ];
+    let records = [new_record(1, None, Some("a")), new_record(2, None, Some("b"))];
     let mut bytes = BytesMut::from(&build(&records)[..]);
     let crc = parse_ok(bytes.clone().freeze()).crc();
     set_base_offset(&mut bytes, 1_000);
@@ -386,10 +357,7 @@ fn rewriting_offset_and_epoch_keeps_the_batch_valid() {
     assert_eq!(batch.last_offset(), 1_001);
     assert_eq!(batch.next_offset(), 1_002);
     assert_eq!(batch.partition_leader_epoch(), 7);
-    assert_eq!(
-        batch.records().collect::<Vec<_>>(),
-        expected(&records, 1_000)
-    );
+    assert_eq!(batch.records().collect::<Vec<_>>(), expected(&records, 1_000));
 
     let mut bytes = BytesMut::from(&build(&records[..1])[..]);
     set_base_offset(&mut bytes, i64::MAX as u64);
@@ -407,10 +375,7 @@ fn base_offset_beyond_i64_panics() {
 fn peek_batch_len_frames_concatenated_batches() {
     let batches = [
         build(&[new_record(1, None, Some("a"))]),
-        build(&[
-            new_record(2, Some("k"), Some("bb")),
-            new_record(3, None, None),
-        ]),
+        build(&[new_record(2, Some("k"), Some("bb")), new_record(3, None, None)]),
         build(&[new_record(4, None, Some(&"c".repeat(500)))]),
     ];
     let mut log = Vec::new();
@@ -432,11 +397,7 @@ fn peek_batch_len_frames_concatenated_batches() {
 fn peek_batch_len_rejects_impossible_lengths() {
     let batch = build(&[new_record(1, None, Some("a"))]);
     assert_eq!(peek_batch_len(&batch), Some(batch.len()));
-    assert_eq!(
-        peek_batch_len(&batch[..12]),
-        Some(batch.len()),
-        "only 12 bytes are needed"
-    );
+    assert_eq!(peek_batch_len(&batch[..12]), Some(batch.len()), "only 12 bytes are needed");
     assert_eq!(peek_batch_len(&batch[..11]), None);
     assert_eq!(peek_batch_len(&[]), None);
     let mut header = [0u8; 12];
@@ -447,11 +408,7 @@ fn peek_batch_len_rejects_impossible_lengths() {
     header[8..12].copy_from_slice(&(-1i32).to_be_bytes());
     assert_eq!(peek_batch_len(&header), None);
     header[8..12].copy_from_slice(&0i32.to_be_bytes());
-    assert_eq!(
-        peek_batch_len(&header),
-        None,
-        "zeroed file tail is not a batch"
-    );
+    assert_eq!(peek_batch_len(&header), None, "zeroed file tail is not a batch");
 }
 
 #[test]
@@ -467,20 +424,11 @@ fn peek_base_offset_reads_the_first_field() {
 
 #[test]
 fn rejects_short_buffers() {
-    assert_eq!(
-        parse(Bytes::new()).map(|_| ()),
-        Err(RecordError::Truncated {
-            needed: 12,
-            available: 0
-        })
-    );
+    assert_eq!(parse(Bytes::new()).map(|_| ()), Err(RecordError::Truncated { needed: 12, available: 0 }));
     let batch = build(&[new_record(1, None, Some("abc"))]);
     assert_eq!(
         parse(batch.slice(..40)).map(|_| ()),
-        Err(RecordError::Truncated {
-            needed: batch.len(),
-            available: 40
-        })
+        Err(RecordError::Truncated { needed: batch.len(), available: 40 })
     );
 }
 
@@ -491,10 +439,7 @@ fn rejects_trailing_bytes() {
     bytes.push(0);
     assert_eq!(
         parse(bytes).map(|_| ()),
-        Err(RecordError::TrailingBytes {
-            batch_len: len,
-            buffer_len: len + 1
-        })
+        Err(RecordError::TrailingBytes { batch_len: len, buffer_len: len + 1 })
     );
 }
 
@@ -502,10 +447,7 @@ fn rejects_trailing_bytes() {
 fn rejects_batch_length_below_header() {
     let mut bytes = build(&[new_record(1, None, Some("abc"))]).to_vec();
     bytes[8..12].copy_from_slice(&10i32.to_be_bytes());
-    assert_eq!(
-        corrupt_message(parse(bytes.clone())),
-        "batch length 10 is smaller than the 49-byte minimum"
-    );
+    assert_eq!(corrupt_message(parse(bytes.clone())), "batch length 10 is smaller than the 49-byte minimum");
     bytes[8..12].copy_from_slice(&i32::MIN.to_be_bytes());
     assert!(matches!(parse(bytes), Err(RecordError::Corrupt(_))));
 }
@@ -524,10 +466,7 @@ fn rejects_crc_mismatch() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     let computed = crc32c::crc32c(&bytes[ATTRIBUTES_AT..]);
-    assert_eq!(
-        parse(bytes).map(|_| ()),
-        Err(RecordError::CrcMismatch { stored, computed })
-    );
+    assert_eq!(parse(bytes).map(|_| ()), Err(RecordError::CrcMismatch { stored, computed }));
 }
 
 #[test]
@@ -536,10 +475,7 @@ fn rejects_compressed_batches() {
         let mut bytes = build(&[new_record(1, None, Some("abc"))]).to_vec();
         bytes[ATTRIBUTES_AT + 1] = codec;
         recompute_crc(&mut bytes);
-        assert_eq!(
-            parse(bytes).map(|_| ()),
-            Err(RecordError::UnsupportedCompression(codec))
-        );
+        assert_eq!(parse(bytes).map(|_| ()), Err(RecordError::UnsupportedCompression(codec)));
     }
 }
 
@@ -561,22 +497,14 @@ fn rejects_last_offset_overflow() {
 fn rejects_bad_record_counts() {
     let record = [0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00];
     assert!(parse(raw_batch(1, 0, &record)).is_ok());
-    assert_eq!(
-        parse(raw_batch(0, -1, &[])).map(|_| ()),
-        Err(RecordError::EmptyBatch)
-    );
-    assert_eq!(
-        corrupt_message(parse(raw_batch(-1, 0, &record))),
-        "negative record count -1"
-    );
+    assert_eq!(parse(raw_batch(0, -1, &[])).map(|_| ()), Err(RecordError::EmptyBatch));
+    assert_eq!(corrupt_message(parse(raw_batch(-1, 0, &record))), "negative record count -1");
     assert_eq!(
         corrupt_message(parse(raw_batch(2, 1, &record))),
         "record count 2 is more than the 7 bytes of records can hold"
     );
-    assert!(
-        corrupt_message(parse(raw_batch(i32::MAX, i32::MAX - 1, &record)))
-            .starts_with("record count 2147483647")
-    );
+    assert!(corrupt_message(parse(raw_batch(i32::MAX, i32::MAX - 1, &record)))
+        .starts_with("record count 2147483647"));
     assert_eq!(
         corrupt_message(parse(raw_batch(1, 5, &record))),
         "last offset delta 5 does not match record count 1"
@@ -585,10 +513,7 @@ fn rejects_bad_record_counts() {
 
 #[test]
 fn control_and_log_append_time_batches() {
-    let records = [
-        new_record(100, None, Some("a")),
-        new_record(200, None, Some("b")),
-    ];
+    let records = [new_record(100, None, Some("a")), new_record(200, None, Some("b"))];
     let mut bytes = build(&records).to_vec();
     let attributes = TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT;
     bytes[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
@@ -599,11 +524,7 @@ fn control_and_log_append_time_batches() {
     assert!(batch.is_transactional());
     assert!(batch.is_control());
     let timestamps: Vec<i64> = batch.records().map(|r| r.timestamp_ms).collect();
-    assert_eq!(
-        timestamps,
-        [999, 999],
-        "log-append time replaces record timestamps"
-    );
+    assert_eq!(timestamps, [999, 999], "log-append time replaces record timestamps");
 }
 
 // ---------------------------------------------------------------------------
@@ -614,26 +535,14 @@ fn control_and_log_append_time_batches() {
 fn rejects_malformed_records() {
     // (record bytes, expected message); each record is alone in its batch.
     let cases: &[(&[u8], &str)] = &[
-        (
-            &[0x0c, 0x00, 0x00, 0x02, 0x01, 0x01, 0x00],
-            "record 0: offset delta is 1, expected 0",
-        ),
-        (
-            &[0x0c, 0x00, 0x00, 0x00, 0x03, 0x01, 0x00],
-            "record 0: key length -2 is invalid",
-        ),
-        (
-            &[0x0c, 0x00, 0x00, 0x00, 0x01, 0x03, 0x00],
-            "record 0: value length -2 is invalid",
-        ),
+        (&[0x0c, 0x00, 0x00, 0x02, 0x01, 0x01, 0x00], "record 0: offset delta is 1, expected 0"),
+        (&[0x0c, 0x00, 0x00, 0x00, 0x03, 0x01, 0x00], "record 0: key length -2 is invalid"),
+        (&[0x0c, 0x00, 0x00, 0x00, 0x01, 0x03, 0x00], "record 0: value length -2 is invalid"),
         (
             &[0x0c, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00],
             "record 0: value length 2 exceeds the 1 remaining bytes",
         ),
-        (
-            &[0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x01],
-            "record 0: header count -1 is negative",
-        ),
+        (&[0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x01], "record 0: header count -1 is negative"),
         (
             &[0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x02],
             "record 0: header count 1 is more than the 0 remaining bytes can hold",
@@ -661,10 +570,7 @@ fn rejects_malformed_records() {
             "record 0: header count: variable-length integer is truncated: the input ends before \
              its last byte",
         ),
-        (
-            &[0x01, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00],
-            "record 0: length -1 is negative",
-        ),
+        (&[0x01, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00], "record 0: length -1 is negative"),
         (
             &[0x20, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00],
             "record 0: length 16 is more than the 6 remaining bytes can hold",
@@ -673,17 +579,10 @@ fn rejects_malformed_records() {
             &[0xff, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00],
             "record 0: length: variable-length integer is longer than the maximum of 5 bytes",
         ),
-        (
-            &[0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00],
-            "2 unexpected bytes after the last record",
-        ),
+        (&[0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00], "2 unexpected bytes after the last record"),
     ];
     for &(record, message) in cases {
-        assert_eq!(
-            corrupt_message(parse(raw_batch(1, 0, record))),
-            message,
-            "{record:x?}"
-        );
+        assert_eq!(corrupt_message(parse(raw_batch(1, 0, record))), message, "{record:x?}");
     }
 }
 
@@ -692,10 +591,7 @@ fn reports_which_record_is_malformed() {
     let good = [0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00];
     let bad_delta = [0x0c, 0x00, 0x00, 0x00, 0x01, 0x01, 0x00];
     let records = [&good[..], &bad_delta[..]].concat();
-    assert_eq!(
-        corrupt_message(parse(raw_batch(2, 1, &records))),
-        "record 1: offset delta is 0, expected 1"
-    );
+    assert_eq!(corrupt_message(parse(raw_batch(2, 1, &records))), "record 1: offset delta is 0, expected 1");
 }
 
 #[test]
@@ -715,10 +611,7 @@ fn record_iterator_is_exact_size_and_fused() {
 fn debug_output_summarises_instead_of_dumping_bytes() {
     let batch = parse_ok(build(&[new_record(1, None, Some("abc"))]));
     let debug = format!("{batch:?}");
-    assert!(
-        debug.starts_with("RecordBatch { base_offset: 0, record_count: 1"),
-        "{debug}"
-    );
+    assert!(debug.starts_with("RecordBatch { base_offset: 0, record_count: 1"), "{debug}");
 }
 
 // ---------------------------------------------------------------------------
@@ -730,11 +623,7 @@ fn arb_payload() -> impl Strategy<Value = Option<Bytes>> {
 }
 
 fn arb_timestamp() -> impl Strategy<Value = i64> {
-    prop_oneof![
-        1_600_000_000_000i64..1_800_000_000_000,
-        -1_000i64..1_000,
-        any::<i64>(),
-    ]
+    prop_oneof![1_600_000_000_000i64..1_800_000_000_000, -1_000i64..1_000, any::<i64>(),]
 }
 
 fn arb_header() -> impl Strategy<Value = Header> {
@@ -742,18 +631,8 @@ fn arb_header() -> impl Strategy<Value = Header> {
 }
 
 fn arb_record() -> impl Strategy<Value = NewRecord> {
-    (
-        arb_timestamp(),
-        arb_payload(),
-        arb_payload(),
-        prop::collection::vec(arb_header(), 0..4),
-    )
-        .prop_map(|(timestamp_ms, key, value, headers)| NewRecord {
-            timestamp_ms,
-            key,
-            value,
-            headers,
-        })
+    (arb_timestamp(), arb_payload(), arb_payload(), prop::collection::vec(arb_header(), 0..4))
+        .prop_map(|(timestamp_ms, key, value, headers)| NewRecord { timestamp_ms, key, value, headers })
 }
 
 fn arb_records() -> impl Strategy<Value = Vec<NewRecord>> {
