@@ -220,7 +220,11 @@ impl PartitionReader {
             let state = self.state.read().unwrap_or_else(|e| e.into_inner());
             let hwm = state.high_watermark;
             if offset < state.log_start {
-                return Err(StoreError::OutOfRange { offset, log_start: state.log_start, high_watermark: hwm });
+                return Err(StoreError::OutOfRange {
+                    offset,
+                    log_start: state.log_start,
+                    high_watermark: hwm,
+                });
             }
             let first = state.segments.partition_point(|v| v.base_offset <= offset).saturating_sub(1);
             (state.segments[first.min(state.segments.len())..].to_vec(), hwm)
@@ -232,7 +236,8 @@ impl PartitionReader {
                 let Some(last) = batches.last() else { break };
                 let bytes: u64 = batches.iter().map(|b| b.len_bytes() as u64).sum();
                 start = IndexEntry { offset: last.next_offset(), position: start.position + bytes };
-                let kept: Vec<RecordBatch> = batches.into_iter().filter(|b| b.last_offset() >= offset).collect();
+                let kept: Vec<RecordBatch> =
+                    batches.into_iter().filter(|b| b.last_offset() >= offset).collect();
                 if let Some(last) = kept.last() {
                     let next_offset = last.next_offset();
                     return Ok(ReadResult { batches: kept, next_offset, high_watermark: hwm });
@@ -257,7 +262,10 @@ impl PartitionReader {
                     break;
                 }
                 for batch in &batches {
-                    start = IndexEntry { offset: batch.next_offset(), position: start.position + batch.len_bytes() as u64 };
+                    start = IndexEntry {
+                        offset: batch.next_offset(),
+                        position: start.position + batch.len_bytes() as u64,
+                    };
                     if batch.max_timestamp() >= timestamp_ms {
                         if let Some(record) = batch.records().find(|r| r.timestamp_ms >= timestamp_ms) {
                             return Ok(record.offset);

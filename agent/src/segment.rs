@@ -36,8 +36,10 @@ pub struct ScanReport {
     pub valid_bytes: u64,
     /// Bytes cut off the end (a torn write that was never acknowledged).
     pub truncated_bytes: u64,
-    /// Byte ranges in the middle whose batches fail their CRC; never served.
+    /// Byte ranges in the middle whose batches fail their checks; never served.
     pub corrupt_ranges: Vec<(u64, u64)>,
+    /// The segment is sealed and was loaded from its index files without a scan.
+    pub from_index_files: bool,
 }
 
 /// Location of a batch within a segment.
@@ -143,7 +145,11 @@ impl Segment {
         let mut segment = Segment::new(base_offset, path.to_path_buf(), file);
         if sealed {
             if let Some(()) = segment.load_indexes()? {
-                let report = ScanReport { valid_bytes: segment.size_bytes, ..Default::default() };
+                let report = ScanReport {
+                    valid_bytes: segment.size_bytes,
+                    from_index_files: true,
+                    ..Default::default()
+                };
                 return Ok((segment, report));
             }
             warn!(path = %path.display(), "index files missing or damaged; rebuilding by scanning the log");
@@ -492,7 +498,8 @@ impl SegmentView {
     /// The batch at `position`, which must start at offset `expected`; `None` if it is larger
     /// than `room` bytes.
     fn batch_at(&self, position: u64, expected: u64, room: usize) -> Result<Option<RecordBatch>, StoreError> {
-        let corrupt = |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
+        let corrupt =
+            |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
         if position + LOG_OVERHEAD as u64 > self.size_bytes {
             return Err(corrupt("incomplete batch header".into()));
         }
@@ -558,4 +565,164 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap")]
+mod tests {
+    use bytes::Bytes;
+    use silt_record::{encode_batch, Header, NewRecord};
+
+    use super::*;
+
+    /// A batch of `records` records at `base`, each with a `value_bytes` value.
+    fn batch(base: u64, records: u64, value_bytes: usize) -> RecordBatch {
+        let records: Vec<NewRecord> = (base..base + records)
+            .map(|o| NewRecord {
+                timestamp_ms: 1_000 + o as i64,
+                key: Some(Bytes::from(format!("key-{o}"))),
+                value: Some(Bytes::from(vec![o as u8; value_bytes])),
+                headers: vec![Header { key: "h".into(), value: Some(Bytes::from(format!("{o}"))) }],
+            })
+            .collect();
+        RecordBatch::parse(encode_batch(&records).unwrap()).unwrap().with_offsets(base, 1)
+    }
+
+    /// Everything recovery derives from a sealed segment's files.
+    type Derived = (u64, u64, u64, Option<i64>, Vec<IndexEntry>, Vec<TimeIndexEntry>);
+
+    fn derived(s: &Segment) -> Derived {
+        (
+            s.next_offset(),
+            s.size_bytes(),
+            s.record_count(),
+            s.max_timestamp_ms(),
+            read(&s.index).clone(),
+            read(&s.time_index).clone(),
+        )
+    }
+
+    /// Every batch of the segment, read through its view from the start.
+    fn read_all(s: &Segment) -> Vec<RecordBatch> {
+        let view = s.view(s.size_bytes(), s.next_offset());
+        view.read_batches(IndexEntry { offset: s.base_offset(), position: 0 }, usize::MAX).unwrap()
+    }
+
+    /// A sealed segment at base 100 whose batches span several index intervals.
+    fn sealed_segment(dir: &Path) -> (PathBuf, Vec<RecordBatch>) {
+        let mut segment = Segment::create(dir, 100).unwrap();
+        let mut written = Vec::new();
+        for _ in 0..40 {
+            let b = batch(segment.next_offset(), 3, 200);
+            segment.append(&b).unwrap();
+            written.push(b);
+        }
+        segment.seal().unwrap();
+        (segment.path().to_path_buf(), written)
+    }
+
+    #[test]
+    fn sealed_segment_loads_from_index_files_or_rebuilds_them_identically() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, written) = sealed_segment(dir.path());
+        let (loaded, report) = Segment::open(&path, 100, true).unwrap();
+        assert!(report.from_index_files);
+        assert!(read(&loaded.index).len() > 3, "the test needs several index entries");
+        assert_eq!(read_all(&loaded), written);
+        let expected = derived(&loaded);
+        assert_eq!(expected.0, 220);
+
+        let index = path.with_extension("index");
+        let timeindex = path.with_extension("timeindex");
+        let (index_bytes, timeindex_bytes) = (fs::read(&index).unwrap(), fs::read(&timeindex).unwrap());
+        let entries = &index_bytes[..index_bytes.len() - 4];
+        // Checksummed and well formed, but the last entry points into the middle of a batch.
+        let mut off_boundary = entries.to_vec();
+        let last_position_at = off_boundary.len() - 8;
+        let last_position = u64::from_be_bytes(off_boundary[last_position_at..].try_into().unwrap());
+        off_boundary[last_position_at..].copy_from_slice(&(last_position + 1).to_be_bytes());
+        let damage: [(&str, Box<dyn Fn()>); 6] = [
+            ("index deleted", Box::new(|| fs::remove_file(&index).unwrap())),
+            ("time index deleted", Box::new(|| fs::remove_file(&timeindex).unwrap())),
+            (
+                "index bit flip",
+                Box::new(|| {
+                    let mut b = index_bytes.clone();
+                    b[5] ^= 0x10;
+                    fs::write(&index, b).unwrap();
+                }),
+            ),
+            ("time index truncated", Box::new(|| fs::write(&timeindex, &timeindex_bytes[..20]).unwrap())),
+            ("index empty", Box::new(|| fs::write(&index, b"").unwrap())),
+            (
+                "index off a batch boundary",
+                Box::new(|| write_with_crc(&index, off_boundary.clone()).unwrap()),
+            ),
+        ];
+        for (what, damage) in damage {
+            fs::write(&index, &index_bytes).unwrap();
+            fs::write(&timeindex, &timeindex_bytes).unwrap();
+            damage();
+            let (rebuilt, report) = Segment::open(&path, 100, true).unwrap();
+            assert!(!report.from_index_files, "{what}");
+            assert_eq!(report.truncated_bytes, 0, "{what}");
+            assert!(report.corrupt_ranges.is_empty(), "{what}");
+            assert_eq!(derived(&rebuilt), expected, "{what}");
+            assert_eq!(read_all(&rebuilt), written, "{what}");
+        }
+    }
+
+    #[test]
+    fn batch_at_a_wrong_offset_is_a_corrupt_range_not_a_failed_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 0).unwrap();
+        let mut positions = Vec::new();
+        for _ in 0..5 {
+            positions.push(segment.size_bytes());
+            segment.append(&batch(segment.next_offset(), 4, 50)).unwrap();
+        }
+        segment.sync().unwrap();
+        let path = segment.path().to_path_buf();
+        let end = segment.size_bytes();
+        drop(segment);
+        // `baseOffset` (bytes 0..8) is outside the CRC: batch 2 still passes it, claiming 9..12.
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[9], positions[2] + 7).unwrap();
+        drop(file);
+
+        let (segment, report) = Segment::open(&path, 0, false).unwrap();
+        assert_eq!(report.corrupt_ranges, vec![(positions[2], positions[3])]);
+        assert_eq!((report.valid_bytes, report.truncated_bytes), (end, 0));
+        assert_eq!(segment.next_offset(), 20);
+        let view = segment.view(segment.size_bytes(), segment.next_offset());
+        // Reading from before the damage returns the good batches and stops there.
+        let before = view.read_batches(view.entry_for(0), usize::MAX).unwrap();
+        assert_eq!(before.iter().map(RecordBatch::base_offset).collect::<Vec<_>>(), vec![0, 4]);
+        let at = IndexEntry { offset: 8, position: positions[2] };
+        assert!(matches!(view.read_batches(at, usize::MAX), Err(StoreError::CorruptRead { .. })));
+        // The first good batch after the damage is indexed, so later offsets stay reachable.
+        assert_eq!(view.entry_for(12), IndexEntry { offset: 12, position: positions[3] });
+        let after = view.read_batches(view.entry_for(13), usize::MAX).unwrap();
+        assert_eq!(after.iter().map(RecordBatch::base_offset).collect::<Vec<_>>(), vec![12, 16]);
+    }
+
+    #[test]
+    fn entries_for_offsets_and_times_never_start_after_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, written) = sealed_segment(dir.path());
+        let (segment, _) = Segment::open(&path, 100, true).unwrap();
+        let view = segment.view(segment.size_bytes(), segment.next_offset());
+        let mut position = 0;
+        for b in &written {
+            for offset in b.base_offset()..=b.last_offset() {
+                let entry = view.entry_for(offset);
+                assert!(entry.offset <= b.base_offset() && entry.position <= position, "offset {offset}");
+                for r in b.records().filter(|r| r.offset == offset) {
+                    let entry = view.entry_for_time(r.timestamp_ms);
+                    assert!(entry.offset <= offset, "timestamp of offset {offset}");
+                }
+            }
+            position += b.len_bytes() as u64;
+        }
+    }
 }

@@ -59,6 +59,9 @@ pub struct OutMessage {
     /// Headers.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<HeaderOut>,
+    /// Timestamp in ms since the Unix epoch (default: the agent's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
 }
 
 /// A header to produce.

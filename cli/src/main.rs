@@ -332,7 +332,7 @@ async fn produce(
                     },
                     None => (None, line),
                 };
-                OutMessage { partition, key, value: Some(value), headers: headers.clone() }
+                OutMessage { partition, key, value: Some(value), headers: headers.clone(), timestamp: None }
             })
             .collect();
         let ids = client.produce(topic, &messages).await?;
