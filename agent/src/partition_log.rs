@@ -161,8 +161,8 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Removes the active segment if it holds no records and a new empty one is wanted at the
-    /// same base (used when reconciling with metadata after a restart).
+    /// Writes the active segment's index files (after an fsync of its log) without starting a
+    /// new segment; appends may continue, and a later seal rewrites them.
     pub fn seal_active_on_disk(&self) -> Result<(), StoreError> {
         self.active().seal()
     }
@@ -275,5 +275,465 @@ impl PartitionReader {
             }
         }
         Ok(hwm)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap")]
+mod tests {
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
+    use bytes::Bytes;
+    use proptest::prelude::*;
+    use silt_record::{encode_batch, Header, NewRecord, Record};
+
+    use super::*;
+
+    const EPOCH: u64 = 7;
+
+    /// Records numbered from `tag`, with every kind of key, value and header.
+    fn records(
+        tag: u64,
+        count: u64,
+        value_bytes: usize,
+        timestamp_ms: impl Fn(u64) -> i64,
+    ) -> Vec<NewRecord> {
+        (tag..tag + count)
+            .map(|n| NewRecord {
+                timestamp_ms: timestamp_ms(n),
+                key: (n % 5 != 0).then(|| Bytes::from(format!("key-{n}"))),
+                value: (n % 7 != 3).then(|| Bytes::from(vec![n as u8; value_bytes])),
+                headers: (0..n % 3)
+                    .map(|h| Header {
+                        key: format!("h{h}"),
+                        value: (h != 1).then(|| Bytes::from(format!("{n}/{h}"))),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn batch(records: &[NewRecord]) -> RecordBatch {
+        RecordBatch::parse(encode_batch(records).unwrap()).unwrap()
+    }
+
+    /// Appends one group of batches and publishes it; returns the records by offset.
+    fn append(log: &mut PartitionLog, groups: &[Vec<NewRecord>]) -> Vec<NewRecord> {
+        let next = log.next_offset();
+        let ranges = log.append_and_sync(groups.iter().map(|r| batch(r)).collect(), EPOCH).unwrap();
+        let mut base = next;
+        for (range, records) in ranges.iter().zip(groups) {
+            assert_eq!(*range, (base, base + records.len() as u64 - 1));
+            base = range.1 + 1;
+        }
+        log.publish();
+        groups.concat()
+    }
+
+    /// Reads from `from` to the end, `max_bytes` at a time, checking that every read starts
+    /// with the batch holding the requested offset and never skips one.
+    fn read_all(reader: &PartitionReader, from: u64, max_bytes: usize) -> Vec<Record> {
+        let mut out = Vec::new();
+        let mut next = from;
+        loop {
+            let r = reader.read(next, max_bytes).unwrap();
+            let Some(first) = r.batches.first() else {
+                assert_eq!(r.next_offset, next);
+                return out;
+            };
+            assert!(
+                first.base_offset() <= next && next <= first.last_offset(),
+                "read at {next} got {first:?}"
+            );
+            assert!(r.next_offset <= r.high_watermark);
+            for b in &r.batches {
+                assert_eq!(b.partition_leader_epoch(), EPOCH as i32);
+                for record in b.records() {
+                    if record.offset >= next {
+                        assert_eq!(record.offset, next, "no offset is skipped");
+                        next += 1;
+                        out.push(record);
+                    }
+                }
+            }
+            assert_eq!(r.next_offset, next);
+        }
+    }
+
+    fn assert_records(read: &[Record], expected: &[NewRecord], from: u64) {
+        assert_eq!(read.len(), expected.len() - from as usize);
+        for (r, e) in read.iter().zip(&expected[from as usize..]) {
+            let got = (r.timestamp_ms, &r.key, &r.value, &r.headers);
+            assert_eq!(got, (e.timestamp_ms, &e.key, &e.value, &e.headers), "offset {}", r.offset);
+        }
+    }
+
+    /// 10 appends of 1 to 3 batches of small records, rolled every 3 appends: several sealed
+    /// segments with several index entries each, and an active segment.
+    fn filled_log(dir: &Path) -> (PartitionLog, Vec<NewRecord>) {
+        let (mut log, _) = PartitionLog::open(dir).unwrap();
+        let mut expected = Vec::new();
+        for i in 0..10u64 {
+            let groups: Vec<Vec<NewRecord>> = (0..1 + i % 3)
+                .map(|g| {
+                    let tag = expected.len() as u64 + g * 100;
+                    records(tag, 1 + (i + g) % 5, 200 + 150 * (i as usize % 4), |n| 10_000 + 10 * n as i64)
+                })
+                .collect();
+            let before = expected.len() as u64;
+            expected.extend(append(&mut log, &groups));
+            assert_eq!(log.reader().high_watermark(), expected.len() as u64);
+            assert_eq!(log.next_offset(), before + groups.iter().map(|g| g.len() as u64).sum::<u64>());
+            if i % 3 == 2 {
+                log.roll().unwrap();
+            }
+        }
+        (log, expected)
+    }
+
+    #[test]
+    fn appends_read_back_across_rolled_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, expected) = filled_log(dir.path());
+        assert_eq!(log.segments().len(), 4);
+        for s in &log.segments()[..3] {
+            let index_entries = s.view(s.size_bytes(), s.next_offset()).index.read().unwrap().len();
+            assert!(index_entries >= 2, "segment {} has {index_entries} index entries", s.base_offset());
+        }
+        for pair in log.segments().windows(2) {
+            assert_eq!(pair[1].base_offset(), pair[0].next_offset());
+        }
+        let reader = log.reader();
+        for max_bytes in [1, 300, 1 << 20] {
+            assert_records(&read_all(&reader, 0, max_bytes), &expected, 0);
+        }
+    }
+
+    #[test]
+    fn reads_from_the_middle_of_a_batch_return_it_whole_and_skip_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, expected) = filled_log(dir.path());
+        let reader = log.reader();
+        for from in 0..expected.len() as u64 {
+            for max_bytes in [1, 1 << 20] {
+                let r = reader.read(from, max_bytes).unwrap();
+                let first = &r.batches[0];
+                assert!(first.base_offset() <= from && from <= first.last_offset(), "read at {from}");
+                assert_records(&read_all(&reader, from, max_bytes), &expected, from);
+            }
+        }
+        let end = expected.len() as u64;
+        let r = reader.read(end, 1 << 20).unwrap();
+        assert!(r.batches.is_empty());
+        assert_eq!((r.next_offset, r.high_watermark), (end, end));
+    }
+
+    #[test]
+    fn read_never_returns_appended_data_that_is_not_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        let reader = log.reader();
+        let published = append(&mut log, &[records(0, 5, 10, |n| n as i64)]);
+        // Synced but not published, in the active segment and then in a new one.
+        log.append_and_sync(vec![batch(&records(5, 5, 10, |n| 1_000 + n as i64))], EPOCH).unwrap();
+        let check = |reader: &PartitionReader| {
+            assert_eq!(reader.high_watermark(), 5);
+            assert_records(&read_all(reader, 0, 1 << 20), &published, 0);
+            let r = reader.read(5, 1 << 20).unwrap();
+            assert!(r.batches.is_empty());
+            assert_eq!((r.next_offset, r.high_watermark), (5, 5));
+            assert_eq!(reader.offset_for_time(1_000).unwrap(), 5, "nothing published is that recent");
+        };
+        check(&reader);
+        log.publish();
+        assert_eq!(reader.high_watermark(), 10);
+        log.roll().unwrap();
+        log.append_and_sync(vec![batch(&records(10, 5, 10, |n| 2_000 + n as i64))], EPOCH).unwrap();
+        assert_eq!(reader.high_watermark(), 10);
+        assert_eq!(read_all(&reader, 0, 1 << 20).len(), 10);
+        assert_eq!(reader.offset_for_time(2_000).unwrap(), 10);
+        log.publish();
+        assert_eq!(read_all(&reader, 0, 1 << 20).len(), 15);
+    }
+
+    type Observed = (Vec<Record>, Vec<u64>, Vec<(u64, u64, u64)>);
+
+    /// Reads, time lookups and segment bounds: what a reopened log must reproduce.
+    fn observed(log: &PartitionLog) -> Observed {
+        let reader = log.reader();
+        let times = (9_990..11_000).step_by(5).map(|t| reader.offset_for_time(t).unwrap()).collect();
+        let bounds =
+            log.segments().iter().map(|s| (s.base_offset(), s.next_offset(), s.size_bytes())).collect();
+        (read_all(&reader, 0, 700), times, bounds)
+    }
+
+    #[test]
+    fn reopen_loads_sealed_segments_from_index_files_and_rebuilds_damaged_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, expected) = filled_log(dir.path());
+        let before = observed(&log);
+        assert_records(&before.0, &expected, 0);
+        let paths: Vec<PathBuf> = log.segments().iter().map(|s| s.path().to_path_buf()).collect();
+        drop(log);
+
+        let (log, reports) = PartitionLog::open(dir.path()).unwrap();
+        let from_index: Vec<bool> = reports.iter().map(|r| r.from_index_files).collect();
+        assert_eq!(
+            from_index,
+            vec![true, true, true, false],
+            "sealed segments load, the active one is scanned"
+        );
+        assert_eq!(observed(&log), before);
+        drop(log);
+
+        fs::remove_file(paths[0].with_extension("index")).unwrap();
+        let timeindex = paths[1].with_extension("timeindex");
+        let mut damaged = fs::read(&timeindex).unwrap();
+        damaged[3] ^= 1;
+        fs::write(&timeindex, damaged).unwrap();
+        let (log, reports) = PartitionLog::open(dir.path()).unwrap();
+        let from_index: Vec<bool> = reports.iter().map(|r| r.from_index_files).collect();
+        assert_eq!(from_index, vec![false, false, true, false]);
+        assert!(reports.iter().all(|r| r.truncated_bytes == 0 && r.corrupt_ranges.is_empty()));
+        assert_eq!(observed(&log), before);
+    }
+
+    #[test]
+    fn torn_tail_is_truncated_and_appends_continue_after_it() {
+        type Tail = fn(&[u8]) -> Vec<u8>;
+        let tails: [(&str, Tail); 4] = [
+            ("half a batch", |b| b[..b.len() / 2].to_vec()),
+            ("all but the last byte of a batch", |b| b[..b.len() - 1].to_vec()),
+            ("a few header bytes", |b| b[..7].to_vec()),
+            ("zeros", |_| vec![0; 5000]),
+        ];
+        for (what, tail) in tails {
+            let dir = tempfile::tempdir().unwrap();
+            let (log, mut expected) = filled_log(dir.path());
+            let synced_len = log.active().size_bytes();
+            let path = log.active().path().to_path_buf();
+            drop(log);
+            // A crash while writing the next batch leaves part of it behind.
+            let next = batch(&records(999, 4, 100, |n| n as i64)).with_offsets(expected.len() as u64, 1);
+            let garbage = tail(next.as_bytes());
+            OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&garbage, synced_len).unwrap();
+
+            let (mut log, reports) = PartitionLog::open(dir.path()).unwrap();
+            let report = reports.last().unwrap();
+            assert_eq!(
+                (report.valid_bytes, report.truncated_bytes),
+                (synced_len, garbage.len() as u64),
+                "{what}"
+            );
+            assert!(report.corrupt_ranges.is_empty(), "{what}");
+            assert_eq!(fs::metadata(&path).unwrap().len(), synced_len, "{what}");
+            assert_eq!(log.next_offset(), expected.len() as u64, "{what}");
+            assert_records(&read_all(&log.reader(), 0, 1 << 20), &expected, 0);
+
+            expected.extend(append(&mut log, &[records(500, 3, 20, |n| n as i64)]));
+            drop(log);
+            let (log, reports) = PartitionLog::open(dir.path()).unwrap();
+            assert_eq!(reports.last().unwrap().truncated_bytes, 0, "{what}");
+            assert_records(&read_all(&log.reader(), 0, 1 << 20), &expected, 0);
+        }
+    }
+
+    /// Six one-batch appends of four records at offsets 0, 4, ..., 20; batch positions.
+    fn six_batches(dir: &Path) -> (PartitionLog, Vec<NewRecord>, Vec<u64>) {
+        let (mut log, _) = PartitionLog::open(dir).unwrap();
+        let mut expected = Vec::new();
+        let mut positions = Vec::new();
+        for i in 0..6 {
+            positions.push(log.active().size_bytes());
+            expected.extend(append(&mut log, &[records(i * 4, 4, 30, |n| 100 + n as i64)]));
+        }
+        positions.push(log.active().size_bytes());
+        (log, expected, positions)
+    }
+
+    fn flip_byte(path: &Path, at: u64, mask: u8) {
+        let file = OpenOptions::new().read(true).write(true).open(path).unwrap();
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).unwrap();
+        file.write_all_at(&[byte[0] ^ mask], at).unwrap();
+    }
+
+    #[test]
+    fn bit_flip_in_the_middle_is_reported_never_served_and_later_batches_stay() {
+        // A flip in a record (caught by the CRC) and one in `baseOffset` (outside the CRC).
+        for (what, at_in_batch) in [("record bytes", 70u64), ("base offset", 7)] {
+            let dir = tempfile::tempdir().unwrap();
+            let (log, mut expected, positions) = six_batches(dir.path());
+            let path = log.active().path().to_path_buf();
+            drop(log);
+            flip_byte(&path, positions[2] + at_in_batch, 0x04);
+
+            let (mut log, reports) = PartitionLog::open(dir.path()).unwrap();
+            let report = &reports[0];
+            assert_eq!(report.corrupt_ranges, vec![(positions[2], positions[3])], "{what}");
+            assert_eq!((report.valid_bytes, report.truncated_bytes), (positions[6], 0), "{what}");
+            assert_eq!(fs::metadata(&path).unwrap().len(), positions[6], "{what}: nothing truncated");
+            let check = |log: &PartitionLog, expected: &[NewRecord]| {
+                let reader = log.reader();
+                for offset in 8..12 {
+                    let err = reader.read(offset, 1 << 20).unwrap_err();
+                    assert!(matches!(err, StoreError::CorruptRead { .. }), "{what}: offset {offset}: {err}");
+                }
+                let r = reader.read(0, 1 << 20).unwrap();
+                assert_eq!(r.batches.iter().map(RecordBatch::base_offset).collect::<Vec<_>>(), vec![0, 4]);
+                assert_eq!(r.next_offset, 8);
+                for from in 12..24 {
+                    assert_records(&read_all(&reader, from, 1), expected, from);
+                }
+            };
+            check(&log, &expected);
+            assert_eq!(log.next_offset(), 24);
+            expected.extend(append(&mut log, &[records(24, 2, 30, |n| 100 + n as i64)]));
+            assert_records(&read_all(&log.reader(), 12, 1 << 20), &expected, 12);
+            // Sealed and reloaded from its index files, the damage is still never served.
+            log.roll().unwrap();
+            drop(log);
+            let (log, reports) = PartitionLog::open(dir.path()).unwrap();
+            assert!(reports[0].from_index_files);
+            check(&log, &expected);
+        }
+    }
+
+    #[test]
+    fn offset_for_time_finds_the_first_record_at_or_after_a_timestamp() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        // Mostly rising timestamps with some late records, over several segments.
+        let ts = |n: u64| if n % 11 == 4 { 1_000 + 3 * n as i64 - 200 } else { 1_000 + 3 * n as i64 };
+        let mut expected = Vec::new();
+        for i in 0..30u64 {
+            let base = expected.len() as u64;
+            expected.extend(append(&mut log, &[records(base, 1 + i % 6, 150, ts)]));
+            if i % 8 == 7 {
+                log.roll().unwrap();
+            }
+        }
+        let reader = log.reader();
+        let end = expected.len() as u64;
+        for t in 0..1_000 + 3 * end as i64 + 5 {
+            let want = expected.iter().position(|r| r.timestamp_ms >= t).map_or(end, |p| p as u64);
+            assert_eq!(reader.offset_for_time(t).unwrap(), want, "timestamp {t}");
+        }
+    }
+
+    #[test]
+    fn delete_before_removes_only_whole_old_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        let mut expected = Vec::new();
+        for i in 0..4 {
+            expected.extend(append(&mut log, &[records(i * 10, 10, 20, |n| n as i64)]));
+            if i < 3 {
+                log.roll().unwrap();
+            }
+        }
+        let paths: Vec<PathBuf> = log.segments().iter().map(|s| s.path().to_path_buf()).collect();
+        let reader = log.reader();
+
+        assert_eq!(log.delete_before(15).unwrap(), 1, "offsets 10..20 are still wanted");
+        assert_eq!(reader.log_start(), 10);
+        for ext in ["log", "index", "timeindex"] {
+            assert!(!paths[0].with_extension(ext).exists(), "{ext}");
+            assert!(paths[1].with_extension(ext).exists(), "{ext}");
+        }
+        assert!(matches!(reader.read(9, 100), Err(StoreError::OutOfRange { offset: 9, log_start: 10, .. })));
+        assert_records(&read_all(&reader, 10, 1 << 20), &expected, 10);
+        assert_eq!(log.delete_before(19).unwrap(), 0);
+        assert_eq!(log.delete_before(20).unwrap(), 1);
+        assert_eq!(log.delete_before(1_000).unwrap(), 1, "never the active segment");
+        assert_eq!(log.segments().len(), 1);
+        assert_eq!(reader.log_start(), 30);
+        assert_records(&read_all(&reader, 30, 1 << 20), &expected, 30);
+        drop(log);
+        let (log, _) = PartitionLog::open(dir.path()).unwrap();
+        assert_eq!((log.reader().log_start(), log.next_offset()), (30, 40));
+    }
+
+    /// One `append_and_sync` call: per batch, its record count and value size.
+    type Group = Vec<(u64, usize)>;
+
+    fn group() -> impl Strategy<Value = Group> {
+        proptest::collection::vec((1..5u64, 0..300usize), 1..4)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// Acknowledged groups survive a crash that cuts the active segment anywhere after the
+        /// last acknowledged fsync; what survives of the unacknowledged group is a prefix of it
+        /// at the right offsets, and appends continue right after it.
+        #[test]
+        fn acknowledged_batches_survive_a_crash_anywhere_after_the_last_sync(
+            steps in proptest::collection::vec((group(), any::<bool>()), 1..10),
+            unacked in group(),
+            crash_at in any::<u64>(),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+            let mut tag = 0;
+            let mut make = |group: &Group| -> Vec<RecordBatch> {
+                group
+                    .iter()
+                    .map(|&(count, value_bytes)| {
+                        tag += count;
+                        batch(&records(tag - count, count, value_bytes, |n| n as i64))
+                    })
+                    .collect()
+            };
+            let stamp = |log: &mut PartitionLog, batches: Vec<RecordBatch>| -> Vec<RecordBatch> {
+                let ranges = log.append_and_sync(batches.clone(), EPOCH).unwrap();
+                batches.into_iter().zip(ranges).map(|(b, (base, _))| b.with_offsets(base, EPOCH as i32)).collect()
+            };
+            let mut acked = Vec::new();
+            for (group, roll) in &steps {
+                let batches = make(group);
+                acked.extend(stamp(&mut log, batches));
+                log.publish();
+                if *roll && log.active().size_bytes() > 0 {
+                    log.roll().unwrap();
+                }
+            }
+            let synced_len = log.active().size_bytes();
+            let path = log.active().path().to_path_buf();
+            let batches = make(&unacked);
+            let unacked = stamp(&mut log, batches);
+            // The crash: the fsync of the last group never returned, and only part of it is on disk.
+            let written = log.active().size_bytes();
+            drop(log);
+            let cut = synced_len + crash_at % (written - synced_len + 1);
+            OpenOptions::new().write(true).open(&path).unwrap().set_len(cut).unwrap();
+
+            let (mut log, reports) = PartitionLog::open(dir.path()).unwrap();
+            prop_assert!(reports.iter().all(|r| r.corrupt_ranges.is_empty()));
+            let reader = log.reader();
+            let mut read_back = Vec::new();
+            let mut next = 0;
+            loop {
+                let r = reader.read(next, 1).unwrap();
+                if r.batches.is_empty() {
+                    break;
+                }
+                next = r.next_offset;
+                read_back.extend(r.batches);
+            }
+            prop_assert!(read_back.len() >= acked.len());
+            prop_assert_eq!(&read_back[..acked.len()], &acked[..]);
+            let survivors = &read_back[acked.len()..];
+            prop_assert!(survivors.len() <= unacked.len());
+            prop_assert_eq!(survivors, &unacked[..survivors.len()]);
+            let kept_bytes: u64 = survivors.iter().map(|b| b.len_bytes() as u64).sum();
+            prop_assert_eq!(reports.last().unwrap().truncated_bytes, cut - synced_len - kept_bytes);
+            let end = read_back.last().map_or(0, RecordBatch::next_offset);
+            prop_assert_eq!(log.next_offset(), end);
+            prop_assert_eq!(reader.high_watermark(), end);
+            let after = stamp(&mut log, vec![batch(&records(10_000, 2, 5, |n| n as i64))]);
+            prop_assert_eq!(after[0].base_offset(), end);
+        }
     }
 }

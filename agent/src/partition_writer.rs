@@ -45,7 +45,8 @@ pub struct WriterConfig {
 struct AppendRequest {
     batch: RecordBatch,
     reply: oneshot::Sender<Result<(u64, u64), StoreError>>,
-    _permit: OwnedSemaphorePermit,
+    /// Held until the append is answered: bounds the bytes queued for this writer.
+    permit: OwnedSemaphorePermit,
 }
 
 /// A cheap, cloneable handle to append to and read from a partition.
@@ -72,10 +73,7 @@ impl PartitionHandle {
             .await
             .map_err(|_| StoreError::ShuttingDown)?;
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(AppendRequest { batch, reply, _permit: permit })
-            .await
-            .map_err(|_| StoreError::ShuttingDown)?;
+        self.tx.send(AppendRequest { batch, reply, permit }).await.map_err(|_| StoreError::ShuttingDown)?;
         rx.await.map_err(|_| StoreError::ShuttingDown)?
     }
 
@@ -328,7 +326,9 @@ impl PartitionWriter {
                 self.roll().await;
                 continue;
             }
-            let batches: Vec<RecordBatch> = chunk.iter().map(|r| r.batch.clone()).collect();
+            // Move the batches out so their bytes are not shared: stamping offsets then needs no copy.
+            let (batches, replies): (Vec<RecordBatch>, Vec<_>) =
+                chunk.into_iter().map(|r| (r.batch, (r.reply, r.permit))).unzip();
             let epoch = self.epoch;
             let mut log = self.log.take().expect("present");
             let started = Instant::now();
@@ -343,7 +343,10 @@ impl PartitionWriter {
                     // The log moved into the panicked task; nothing more can be written here.
                     error!(error = %e, "append task panicked; the partition stops accepting writes");
                     self.failed = Some(format!("append task panicked: {e}"));
-                    for r in chunk.into_iter().chain(pending) {
+                    for (reply, _permit) in replies {
+                        let _ = reply.send(Err(StoreError::Failed("append task panicked".into())));
+                    }
+                    for r in pending {
                         let _ = r.reply.send(Err(StoreError::Failed("append task panicked".into())));
                     }
                     return;
@@ -355,16 +358,16 @@ impl PartitionWriter {
                     log.publish();
                     self.log = Some(log);
                     self.first_append_at.get_or_insert_with(Instant::now);
-                    for (r, range) in chunk.into_iter().zip(ranges) {
-                        let _ = r.reply.send(Ok(range));
+                    for ((reply, _permit), range) in replies.into_iter().zip(ranges) {
+                        let _ = reply.send(Ok(range));
                     }
                 }
                 Err(e) => {
                     error!(error = %e, "write failed; the partition stops accepting writes on this agent");
                     self.failed = Some(e.to_string());
                     self.log = Some(log);
-                    for r in chunk {
-                        let _ = r.reply.send(Err(StoreError::Failed(e.to_string())));
+                    for (reply, _permit) in replies {
+                        let _ = reply.send(Err(StoreError::Failed(e.to_string())));
                     }
                 }
             }

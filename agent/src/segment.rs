@@ -641,7 +641,8 @@ mod tests {
         let last_position_at = off_boundary.len() - 8;
         let last_position = u64::from_be_bytes(off_boundary[last_position_at..].try_into().unwrap());
         off_boundary[last_position_at..].copy_from_slice(&(last_position + 1).to_be_bytes());
-        let damage: [(&str, Box<dyn Fn()>); 6] = [
+        type Damage<'a> = Box<dyn Fn() + 'a>;
+        let damage: [(&str, Damage); 6] = [
             ("index deleted", Box::new(|| fs::remove_file(&index).unwrap())),
             ("time index deleted", Box::new(|| fs::remove_file(&timeindex).unwrap())),
             (
