@@ -12,6 +12,12 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+if ! command -v curl >/dev/null 2>&1 || ! python3 -m venv --help >/dev/null 2>&1; then
+  echo "== installing curl and python3-venv"
+  if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq curl python3-venv >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq curl python3-venv >/dev/null; fi
+fi
+
 echo "== format"
 cargo fmt --all --check
 
@@ -20,6 +26,19 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== build the silt binary for the end-to-end tests"
 cargo build -p silt --locked
+
+echo "== S3 emulators and Arrow tools for the tiering tests"
+cleanup() {
+  ./localstack/seaweedfs.sh stop || true
+  ./localstack/localstack.sh stop || true
+}
+trap cleanup EXIT
+./localstack/seaweedfs.sh start >/dev/null
+./localstack/localstack.sh start >/dev/null
+export SILT_TEST_SEAWEEDFS_ENDPOINT=http://127.0.0.1:${SEAWEEDFS_S3_PORT:-8333}
+export SILT_TEST_LOCALSTACK_ENDPOINT=http://127.0.0.1:4566
+SILT_TEST_PYTHON=$(./localstack/python-tools.sh)
+export SILT_TEST_PYTHON
 
 echo "== tests"
 cargo nextest run --workspace --locked --no-fail-fast

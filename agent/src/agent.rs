@@ -24,6 +24,8 @@ use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
 use crate::metrics::{LagLabels, Metrics};
 use crate::partition_log::PartitionLog;
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
+use silt_tiering::cold_reader::ColdReader;
+use silt_tiering::locate::{locate, Location};
 
 /// Most messages one poll may return.
 pub const POLL_MAX: u32 = 10_000;
@@ -135,6 +137,8 @@ struct Inner {
     spread: AtomicU32,
     cancel: CancellationToken,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Reads archived segments; `None` when no object store is configured.
+    cold: Option<Arc<ColdReader>>,
 }
 
 fn now_ms() -> u64 {
@@ -152,6 +156,7 @@ impl Agent {
         config: AgentConfig,
         metadata: MetadataNode,
         metrics: Arc<Metrics>,
+        cold: Option<Arc<ColdReader>>,
         cancel: CancellationToken,
     ) -> Result<Agent, StoreError> {
         let agent = Agent {
@@ -167,10 +172,12 @@ impl Agent {
                 spread: AtomicU32::new(0),
                 cancel,
                 tasks: Mutex::new(Vec::new()),
+                cold,
             }),
         };
-        let topics: Vec<Topic> = agent.inner.metadata.read(|s| s.topics.values().cloned().collect()).await?;
-        agent.remove_stale_topic_dirs(&topics);
+        let (topics, next_topic_id): (Vec<Topic>, u64) =
+            agent.inner.metadata.read(|s| (s.topics.values().cloned().collect(), s.next_topic_id)).await?;
+        agent.remove_stale_topic_dirs(&topics, next_topic_id);
         for topic in &topics {
             for p in 0..topic.partitions.len() as u32 {
                 agent.partition(&topic.name, p).await.map_err(|e| StoreError::Failed(e.message))?;
@@ -208,18 +215,31 @@ impl Agent {
         self.inner.config.data_dir.join("log").join(format!("{topic}~{id}"))
     }
 
-    fn remove_stale_topic_dirs(&self, topics: &[Topic]) {
+    /// Removes local data of topics metadata has deleted. A directory whose topic id metadata
+    /// has never handed out is kept (with a warning): metadata may have been lost, and the
+    /// files may be the only copy.
+    fn remove_stale_topic_dirs(&self, topics: &[Topic], next_topic_id: u64) {
         let root = self.inner.config.data_dir.join("log");
         let Ok(entries) = std::fs::read_dir(&root) else { return };
         let live: std::collections::HashSet<String> =
             topics.iter().map(|t| format!("{}~{}", t.name, t.id)).collect();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            if !live.contains(&name) {
-                info!(dir = %entry.path().display(), "removing local data of a deleted topic");
-                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                    warn!(error = %e, dir = %entry.path().display(), "could not remove local data of a deleted topic");
+            if live.contains(&name) {
+                continue;
+            }
+            let id = name.rsplit_once('~').and_then(|(_, id)| id.parse::<u64>().ok());
+            match id {
+                Some(id) if id < next_topic_id => {
+                    info!(dir = %entry.path().display(), "removing local data of a deleted topic");
+                    if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                        warn!(error = %e, dir = %entry.path().display(), "could not remove local data of a deleted topic");
+                    }
                 }
+                _ => warn!(
+                    dir = %entry.path().display(),
+                    "local data of a topic metadata does not know; left in place, not served"
+                ),
             }
         }
     }
@@ -253,6 +273,8 @@ impl Agent {
             partition,
             segment_bytes: t.config.segment_bytes,
             segment_ms: t.config.segment_ms,
+            local_retention_ms: t.config.local_retention_ms,
+            local_retention_bytes: t.config.local_retention_bytes,
         };
         let (handle, task) = partition_writer::start(
             log,
@@ -468,7 +490,9 @@ impl Agent {
         Ok(range)
     }
 
-    /// Reads records of one partition from `offset` without touching any group.
+    /// Reads records of one partition from `offset` without touching any group: archived
+    /// offsets from the bucket through the cold reader, the rest from the local log, as one
+    /// stream. Offsets deleted by retention are skipped.
     pub async fn read(
         &self,
         topic: &str,
@@ -478,12 +502,38 @@ impl Agent {
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
         let reader = Arc::clone(self.partition(topic, partition).await?.reader());
         let max_records = max_records.max(1);
-        let (records, next, hwm, bytes) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let mut records = Vec::new();
+        let mut next = offset;
+        // Cold part: offsets below what this agent holds locally.
+        while records.len() < max_records && next < reader.log_start() {
+            let Some(cold) = &self.inner.cold else { break };
+            let Some(part) = self.partition_meta(topic, partition) else { break };
+            match locate(&part, next) {
+                Location::Cold { object_key, object_bytes, last_offset, .. } => {
+                    let got = cold
+                        .read(&object_key, object_bytes, next, max_records - records.len())
+                        .await
+                        .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                    next = got.last().map_or(last_offset + 1, |r| r.offset + 1);
+                    records.extend(got);
+                }
+                Location::Gone { earliest } if earliest > next => next = earliest,
+                _ => break,
+            }
+        }
+        let labels = Metrics::topic(topic);
+        self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
+        if records.len() >= max_records {
+            let hwm = reader.high_watermark();
+            return Ok((records, next, hwm));
+        }
+        let want = max_records - records.len();
+        let (hot, next, hwm, bytes) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
             let mut records = Vec::new();
-            let mut next = offset;
+            let mut next = next;
             let mut bytes = 0usize;
             let mut hwm = reader.high_watermark();
-            while records.len() < max_records {
+            while records.len() < want {
                 let r = reader.read(next, READ_BYTES_STEP)?;
                 hwm = r.high_watermark;
                 if r.batches.is_empty() {
@@ -492,13 +542,13 @@ impl Agent {
                 for batch in &r.batches {
                     bytes += batch.len_bytes();
                     for record in batch.records() {
-                        if record.offset >= next && records.len() < max_records {
+                        if record.offset >= next && records.len() < want {
                             next = record.offset + 1;
                             records.push(record);
                         }
                     }
                 }
-                if records.len() < max_records {
+                if records.len() < want {
                     next = next.max(r.next_offset);
                 }
             }
@@ -506,13 +556,59 @@ impl Agent {
         })
         .await
         .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
-        let labels = Metrics::topic(topic);
-        self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
+        self.inner.metrics.records_out.get_or_create(&labels).inc_by(hot.len() as u64);
         self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
+        records.extend(hot);
         Ok((records, next, hwm))
     }
 
-    /// The first offset of a partition whose timestamp is at least `timestamp_ms`.
+    /// Every record of a sealed segment from the local log (what the compactor archives).
+    pub async fn read_local_segment(
+        &self,
+        topic: &str,
+        partition: u32,
+        base_offset: u64,
+        last_offset: u64,
+    ) -> Result<Vec<Record>, ApiError> {
+        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        tokio::task::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
+            let mut records = Vec::new();
+            let mut next = base_offset;
+            while next <= last_offset {
+                let r = reader.read(next, 4 * READ_BYTES_STEP)?;
+                if r.batches.is_empty() {
+                    break;
+                }
+                for batch in &r.batches {
+                    records.extend(
+                        batch.records().filter(|rec| rec.offset >= next && rec.offset <= last_offset),
+                    );
+                }
+                next = r.next_offset;
+            }
+            Ok(records)
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))?
+        .map_err(ApiError::from)
+    }
+
+    fn partition_meta(&self, topic: &str, partition: u32) -> Option<silt_metadata::state::Partition> {
+        self.inner
+            .metadata
+            .read_local(|s| s.topics.get(topic).and_then(|t| t.partitions.get(partition as usize)).cloned())
+    }
+
+    /// The first offset of a partition that still exists anywhere (bucket or local disk).
+    fn earliest_offset(&self, topic: &str, partition: u32, local_start: u64) -> u64 {
+        match (&self.inner.cold, self.partition_meta(topic, partition)) {
+            (Some(_), Some(part)) => silt_tiering::locate::earliest_offset(&part).min(local_start),
+            _ => local_start,
+        }
+    }
+
+    /// The first offset of a partition whose timestamp is at least `timestamp_ms`, looking in
+    /// archived segments (by their timestamp range) before the local log.
     pub async fn offset_for_time(
         &self,
         topic: &str,
@@ -520,6 +616,25 @@ impl Agent {
         timestamp_ms: i64,
     ) -> Result<u64, ApiError> {
         let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        if let (Some(cold), Some(part)) = (&self.inner.cold, self.partition_meta(topic, partition)) {
+            let local_start = reader.log_start();
+            for seg in part.segments.values() {
+                if seg.base_offset >= local_start {
+                    break;
+                }
+                if seg.max_timestamp_ms.is_some_and(|m| m < timestamp_ms) {
+                    continue;
+                }
+                let (Some(key), Some(_)) = (&seg.object_key, seg.last_offset) else { continue };
+                let found = cold
+                    .offset_for_time(key, seg.object_bytes, timestamp_ms)
+                    .await
+                    .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                if let Some(offset) = found {
+                    return Ok(offset);
+                }
+            }
+        }
         Ok(tokio::task::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
             .await
             .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??)
@@ -665,9 +780,10 @@ impl Agent {
             let now = now_ms();
             let (expired, next_offset) = {
                 let mut cursors = lock(&self.inner.cursors);
+                let earliest = self.earliest_offset(&req.topic, p, reader.log_start());
                 let cursor = cursors
                     .entry(key.clone())
-                    .or_insert_with(|| self.load_cursor(&req.group, &req.topic, p, reader.log_start()));
+                    .or_insert_with(|| self.load_cursor(&req.group, &req.topic, p, earliest));
                 let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
                 for e in &expired {
                     if let Expired::Redeliver { offset, .. } = e {

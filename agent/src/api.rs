@@ -35,6 +35,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/topics/{topic}/partitions/{partition}/batches", post(produce_batch))
         .route("/v1/topics/{topic}/partitions/{partition}/messages", get(replay))
         .route("/v1/topics/{topic}/poll", post(poll))
+        .route("/v1/topics/{topic}/archive", get(archive_list))
         .route("/v1/groups/{group}", get(describe_group))
         .route("/v1/groups/{group}/ack", post(ack))
         .route("/v1/groups/{group}/leave", post(leave))
@@ -335,6 +336,51 @@ async fn replay(
     let messages: Vec<MessageOut> =
         records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
     Ok(Json(serde_json::json!({ "messages": messages, "next_offset": next, "high_watermark": hwm })))
+}
+
+/// One archived object as `silt archive ls` shows it.
+#[derive(Serialize)]
+struct ArchivedObject {
+    partition: u32,
+    base_offset: u64,
+    last_offset: Option<u64>,
+    records: u64,
+    bytes: u64,
+    raw_bytes: u64,
+    min_timestamp: Option<i64>,
+    max_timestamp: Option<i64>,
+    archived_at: Option<u64>,
+    object_key: Option<String>,
+}
+
+async fn archive_list(
+    State(agent): State<Agent>,
+    Path(topic): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let (t, _) = agent.describe_topic(&topic).await?;
+    let objects: Vec<ArchivedObject> = t
+        .partitions
+        .into_iter()
+        .enumerate()
+        .flat_map(|(p, part)| {
+            part.segments
+                .into_values()
+                .filter(|s| s.state == silt_metadata::state::SegmentState::Archived)
+                .map(move |s| ArchivedObject {
+                    partition: p as u32,
+                    base_offset: s.base_offset,
+                    last_offset: s.last_offset,
+                    records: s.record_count,
+                    bytes: s.object_bytes,
+                    raw_bytes: s.size_bytes,
+                    min_timestamp: s.min_timestamp_ms,
+                    max_timestamp: s.max_timestamp_ms,
+                    archived_at: s.archived_ms,
+                    object_key: s.object_key,
+                })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "objects": objects })))
 }
 
 #[derive(Deserialize)]

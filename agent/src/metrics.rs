@@ -26,9 +26,10 @@ pub struct LagLabels {
 }
 
 /// Every metric the agent exports.
-#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// Other components' metrics (compactor, object store, cold reader), already encoded.
+    sources: std::sync::Mutex<Vec<Box<dyn Fn() -> String + Send + Sync>>>,
     /// Time from receiving a produce request to answering it, after fsync.
     pub produce_latency_seconds: Histogram,
     /// Time of one group commit (write + fsync).
@@ -45,6 +46,12 @@ pub struct Metrics {
     pub consumer_lag_records: Family<LagLabels, Gauge>,
     /// Messages moved to a dead-letter topic.
     pub dead_lettered: Family<TopicLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -91,6 +98,7 @@ impl Metrics {
         registry.register("dead_lettered", "Messages moved to a dead-letter topic", dead_lettered.clone());
         Metrics {
             registry,
+            sources: std::sync::Mutex::new(Vec::new()),
             produce_latency_seconds,
             fsync_seconds,
             records_in,
@@ -102,13 +110,22 @@ impl Metrics {
         }
     }
 
-    /// The metrics in Prometheus text format.
+    /// The metrics in Prometheus text format, with every added source's metrics.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        if prometheus_client::encoding::text::encode_registry(&mut out, &self.registry).is_err() {
             out.clear();
         }
+        for source in self.sources.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            out.push_str(&source());
+        }
+        out.push_str("# EOF\n");
         out
+    }
+
+    /// Adds another component's metrics, encoded in the text format without `# EOF`.
+    pub fn add_source(&self, source: impl Fn() -> String + Send + Sync + 'static) {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(source));
     }
 
     /// Labels for a topic.

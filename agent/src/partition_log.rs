@@ -167,6 +167,21 @@ impl PartitionLog {
         self.active().seal()
     }
 
+    /// Moves an empty log's start to `base`: the earlier offsets live elsewhere (archived, or
+    /// on other replicas). Refused when the log holds any record.
+    pub fn restart_empty_at(&mut self, base: u64) -> Result<(), StoreError> {
+        if self.segments.len() != 1 || self.active().record_count() > 0 {
+            return Err(StoreError::Failed(format!(
+                "cannot move the start of a log that holds records to offset {base}"
+            )));
+        }
+        let old = self.segments.remove(0);
+        old.delete_files()?;
+        self.segments.push(Segment::create(&self.dir, base)?);
+        self.publish();
+        Ok(())
+    }
+
     /// Sealed segments and the active one, oldest first.
     pub fn segments(&self) -> &[Segment] {
         &self.segments

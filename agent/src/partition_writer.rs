@@ -40,6 +40,10 @@ pub struct WriterConfig {
     pub segment_bytes: u64,
     /// Roll when the active segment's first record is this old.
     pub segment_ms: u64,
+    /// Keep the local copy of an archived segment this long after it was archived.
+    pub local_retention_ms: u64,
+    /// Keep at most this many bytes of archived segments locally.
+    pub local_retention_bytes: Option<u64>,
 }
 
 struct AppendRequest {
@@ -208,6 +212,22 @@ impl PartitionWriter {
             .metadata
             .read(|s| s.topic(&topic).map(|t| t.partitions[partition as usize].next_segment_base()))
             .await??;
+        let local_next = self.log().next_offset();
+        let empty = self.log().segments().len() == 1 && self.log().active().record_count() == 0;
+        if local_next < next_base && empty {
+            // A fresh replica (new disk, or metadata rebuilt from the bucket): earlier offsets
+            // are archived or on other replicas; this log starts where the next segment does.
+            info!(from = local_next, to = next_base, "starting an empty local log at the partition's end");
+            let mut log = self.log.take().expect("present");
+            let (log, result) = tokio::task::spawn_blocking(move || {
+                let r = log.restart_empty_at(next_base);
+                (log, r)
+            })
+            .await
+            .map_err(|e| StoreError::Failed(format!("reset task panicked: {e}")))?;
+            self.log = Some(log);
+            result?;
+        }
         let local_next = self.log().next_offset();
         if local_next != next_base {
             return Err(StoreError::Failed(format!(
@@ -384,11 +404,83 @@ impl PartitionWriter {
             }
             return;
         }
+        self.trim_local().await;
         let old = self
             .first_append_at
             .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
         if old && self.log().active().record_count() > 0 {
             self.roll().await;
+        }
+    }
+
+    /// Drops local copies of segments that metadata says are archived, once they are older than
+    /// `local.retention.ms` or beyond `local.retention.bytes`. A segment that is not archived is
+    /// never dropped: the local copy may be the only one.
+    async fn trim_local(&mut self) {
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
+        let archived: std::collections::BTreeMap<u64, (Option<u64>, Option<u64>)> =
+            self.metadata.read_local(|s| {
+                s.topics
+                    .get(&topic)
+                    .and_then(|t| t.partitions.get(partition))
+                    .map(|p| {
+                        p.segments
+                            .values()
+                            .filter(|seg| seg.state == silt_metadata::state::SegmentState::Archived)
+                            .map(|seg| (seg.base_offset, (seg.last_offset, seg.archived_ms)))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+        if archived.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let log = self.log();
+        let sealed = &log.segments()[..log.segments().len() - 1];
+        // The archived prefix of the local log, oldest first.
+        let prefix: Vec<(u64, u64, u64, Option<u64>)> = sealed
+            .iter()
+            .map_while(|seg| {
+                let (last, archived_ms) = archived.get(&seg.base_offset())?;
+                (*last == Some(seg.next_offset().saturating_sub(1))).then_some((
+                    seg.base_offset(),
+                    seg.next_offset(),
+                    seg.size_bytes(),
+                    *archived_ms,
+                ))
+            })
+            .collect();
+        let mut local_bytes: u64 = prefix.iter().map(|s| s.2).sum();
+        let mut drop_before = None;
+        for (_, next, size, archived_ms) in &prefix {
+            let expired = archived_ms.is_some_and(|t| t + self.config.local_retention_ms <= now);
+            let over = self.config.local_retention_bytes.is_some_and(|max| local_bytes > max);
+            if !(expired || over) {
+                break;
+            }
+            local_bytes -= size;
+            drop_before = Some(*next);
+        }
+        let Some(before) = drop_before else { return };
+        let mut log = self.log.take().expect("present");
+        let joined = tokio::task::spawn_blocking(move || {
+            let r = log.delete_before(before);
+            (log, r)
+        })
+        .await;
+        match joined {
+            Ok((log, result)) => {
+                self.log = Some(log);
+                match result {
+                    Ok(n) => info!(segments = n, before, "dropped local copies of archived segments"),
+                    Err(e) => warn!(error = %e, "dropping local copies of archived segments failed"),
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "trim task panicked; the partition stops accepting writes");
+                self.failed = Some(format!("trim task panicked: {e}"));
+            }
         }
     }
 

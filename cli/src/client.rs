@@ -330,6 +330,16 @@ impl Client {
         .await
     }
 
+    /// The archived objects of a topic.
+    pub async fn archive_list(&self, topic: &str) -> Result<Vec<serde_json::Value>, ClientError> {
+        #[derive(Deserialize)]
+        struct Objects {
+            objects: Vec<serde_json::Value>,
+        }
+        let o: Objects = self.send(self.http.get(self.url(&format!("/v1/topics/{topic}/archive")))).await?;
+        Ok(o.objects)
+    }
+
     /// Describes a group.
     pub async fn describe_group(&self, group: &str) -> Result<serde_json::Value, ClientError> {
         self.send(self.http.get(self.url(&format!("/v1/groups/{group}")))).await

@@ -40,6 +40,26 @@ enum Cmd {
         /// Address to serve the API on; use port 0 to pick a free port.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: SocketAddr,
+        /// Where archived segments go: s3://bucket/prefix (with the standard AWS_* variables;
+        /// AWS_ENDPOINT_URL for LocalStack or MinIO) or file:///path. Default: <data-dir>/objects.
+        #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
+        object_store: Option<String>,
+        /// Memory for the cache of archived data read back (bytes).
+        #[arg(long, default_value_t = 64 * 1024 * 1024)]
+        cache_memory_bytes: usize,
+        /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
+        #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+        cache_disk_bytes: usize,
+    },
+    /// Inspect the archive, or rebuild metadata from it.
+    Archive {
+        #[command(subcommand)]
+        command: ArchiveCmd,
+    },
+    /// Prepare an S3 bucket for Silt.
+    Bucket {
+        #[command(subcommand)]
+        command: BucketCmd,
     },
     /// Create, list, describe and delete topics.
     Topic {
@@ -152,6 +172,44 @@ enum TopicCmd {
 }
 
 #[derive(Subcommand)]
+enum ArchiveCmd {
+    /// One JSON line per archived object of a topic: partition, offsets, records, bytes, timestamps, key.
+    Ls {
+        /// Topic name.
+        topic: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Disaster recovery: rebuild the offset map of every topic from the objects' footers alone.
+    ///
+    /// Run it with Silt stopped, after the metadata directory was lost. Local hot data that
+    /// metadata no longer describes is moved aside to <data-dir>/agent/log.before-rebuild-<time>.
+    RebuildMetadata {
+        /// The data directory of `silt dev`.
+        #[arg(long, default_value = "./silt-data")]
+        data_dir: PathBuf,
+        /// The archive: s3://bucket/prefix or file:///path. Default: <data-dir>/objects.
+        #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
+        object_store: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BucketCmd {
+    /// Create the bucket if needed and apply Silt's settings: encryption (SSE-S3), public access
+    /// blocked, incomplete multipart uploads aborted after a day, optional versioning.
+    Init {
+        /// s3://bucket[/prefix]
+        url: String,
+        /// Turn on object versioning.
+        #[arg(long)]
+        versioning: bool,
+    },
+    /// Print the settings `bucket init` applies, as JSON.
+    Settings,
+}
+
+#[derive(Subcommand)]
 enum GroupCmd {
     /// Show a group's members, assignment and lag per partition as JSON.
     Describe {
@@ -186,7 +244,38 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Cmd::Dev { data_dir, listen } => silt::dev::run(silt::dev::DevConfig { data_dir, listen }).await,
+        Cmd::Dev { data_dir, listen, object_store, cache_memory_bytes, cache_disk_bytes } => {
+            silt::dev::run(silt::dev::DevConfig {
+                data_dir,
+                listen,
+                object_store,
+                cache_memory_bytes,
+                cache_disk_bytes,
+            })
+            .await
+        }
+        Cmd::Archive { command: ArchiveCmd::Ls { topic, server } } => {
+            let objects = Client::new(&server.server)?.archive_list(&topic).await?;
+            let mut out = std::io::stdout().lock();
+            for o in objects {
+                writeln!(out, "{}", serde_json::to_string(&o)?)?;
+            }
+            Ok(())
+        }
+        Cmd::Archive { command: ArchiveCmd::RebuildMetadata { data_dir, object_store } } => {
+            let report = silt::archive::rebuild_metadata(&data_dir, object_store.as_deref()).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Cmd::Bucket { command: BucketCmd::Init { url, versioning } } => {
+            let applied = silt::bucket::init(&url, versioning).await?;
+            println!("{}", serde_json::to_string_pretty(&applied)?);
+            Ok(())
+        }
+        Cmd::Bucket { command: BucketCmd::Settings } => {
+            println!("{}", serde_json::to_string_pretty(&silt::bucket::BucketSettings::default())?);
+            Ok(())
+        }
         Cmd::Topic { command, server } => topic(command, &Client::new(&server.server)?).await,
         Cmd::Produce { topic, key_separator, partition, headers, linger, batch_max, server } => {
             let headers = headers
@@ -413,8 +502,11 @@ async fn replay(
             (0..n).collect()
         }
     };
+    use std::io::IsTerminal;
+    let progress = std::io::stderr().is_terminal();
     let mut left = max.unwrap_or(u64::MAX);
     let mut stdout = std::io::stdout().lock();
+    let mut total = 0u64;
     for p in partitions {
         let mut page = client.replay(topic, p, from_offset, from_time_ms, left.min(1000) as usize).await?;
         let end = page.high_watermark;
@@ -423,6 +515,14 @@ async fn replay(
                 writeln!(stdout, "{}", serde_json::to_string(m)?)?;
             }
             left -= page.messages.len() as u64;
+            total += page.messages.len() as u64;
+            if progress {
+                let pct = (page.next_offset.min(end) * 100).checked_div(end).unwrap_or(100);
+                eprint!(
+                    "\r\x1b[2Kpartition {p}: offset {} of {end} ({pct}%), {total} messages",
+                    page.next_offset
+                );
+            }
             if left == 0 || page.messages.is_empty() || page.next_offset >= end {
                 break;
             }
@@ -432,6 +532,9 @@ async fn replay(
         if left == 0 {
             break;
         }
+    }
+    if progress {
+        eprintln!();
     }
     Ok(())
 }

@@ -105,6 +105,12 @@ pub struct Segment {
     pub sealed_ms: Option<u64>,
     /// Object key once archived.
     pub object_key: Option<String>,
+    /// Size of the archived object.
+    #[serde(default)]
+    pub object_bytes: u64,
+    /// When the segment was archived.
+    #[serde(default)]
+    pub archived_ms: Option<u64>,
 }
 
 /// How a group shares a topic among its members.
@@ -230,6 +236,60 @@ pub enum Command {
         min_timestamp_ms: Option<i64>,
         /// Largest record timestamp.
         max_timestamp_ms: Option<i64>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Record that a sealed segment's records are in an object in the bucket. Only after this
+    /// may agents drop their local copies.
+    ArchiveSegment {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset.
+        base_offset: u64,
+        /// Its last offset, as the archived object holds it; must match the sealed segment.
+        last_offset: u64,
+        /// Object key (full path in the bucket).
+        object_key: String,
+        /// Object size.
+        object_bytes: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Forget archived segments (retention): the objects are deleted after this is applied.
+    DeleteArchivedSegments {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// Base offsets of the segments to forget; each must be archived and older than any
+        /// segment that stays.
+        base_offsets: Vec<u64>,
+    },
+    /// Rebuild the offset map from the bucket: add an archived segment found in an object's
+    /// footer, creating the topic with default configs if it does not exist.
+    RestoreArchivedSegment {
+        /// Topic name.
+        topic: String,
+        /// The topic's partition count, from the footer.
+        partitions: u32,
+        /// Partition number.
+        partition: u32,
+        /// First offset.
+        base_offset: u64,
+        /// Last offset.
+        last_offset: u64,
+        /// Records in the object.
+        record_count: u64,
+        /// Smallest record timestamp.
+        min_timestamp_ms: Option<i64>,
+        /// Largest record timestamp.
+        max_timestamp_ms: Option<i64>,
+        /// Object key.
+        object_key: String,
+        /// Object size.
+        object_bytes: u64,
         /// Proposer's clock.
         now_ms: u64,
     },
@@ -400,6 +460,8 @@ impl MetadataState {
                         opened_ms: *now_ms,
                         sealed_ms: None,
                         object_key: None,
+                        object_bytes: 0,
+                        archived_ms: None,
                     },
                 );
                 Ok(Response::Ok)
@@ -436,6 +498,128 @@ impl MetadataState {
                 segment.min_timestamp_ms = *min_timestamp_ms;
                 segment.max_timestamp_ms = *max_timestamp_ms;
                 segment.sealed_ms = Some(*now_ms);
+                Ok(Response::Ok)
+            }
+            Command::ArchiveSegment {
+                topic,
+                partition,
+                base_offset,
+                last_offset,
+                object_key,
+                object_bytes,
+                now_ms,
+            } => {
+                let p = self.partition_mut(topic, *partition)?;
+                let segment = p.segments.get_mut(base_offset).ok_or_else(|| {
+                    MetadataError::InvalidArgument(format!(
+                        "partition {topic}/{partition} has no segment at offset {base_offset}"
+                    ))
+                })?;
+                match segment.state {
+                    SegmentState::Sealed if segment.last_offset == Some(*last_offset) => {}
+                    SegmentState::Archived if segment.object_key.as_deref() == Some(object_key.as_str()) => {
+                        // A retry after a lost reply: already done.
+                        return Ok(Response::Ok);
+                    }
+                    state => {
+                        return Err(MetadataError::InvalidArgument(format!(
+                            "segment {base_offset} of {topic}/{partition} is {state:?} ending at {:?}; only a sealed segment ending at {last_offset} can be archived",
+                            segment.last_offset
+                        )))
+                    }
+                }
+                segment.state = SegmentState::Archived;
+                segment.object_key = Some(object_key.clone());
+                segment.object_bytes = *object_bytes;
+                segment.archived_ms = Some(*now_ms);
+                Ok(Response::Ok)
+            }
+            Command::DeleteArchivedSegments { topic, partition, base_offsets } => {
+                let p = self.partition_mut(topic, *partition)?;
+                let oldest: Vec<u64> = p.segments.keys().take(base_offsets.len()).copied().collect();
+                let mut wanted = base_offsets.clone();
+                wanted.sort_unstable();
+                if wanted != oldest || wanted.iter().any(|b| p.segments[b].state != SegmentState::Archived) {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "only the oldest archived segments of {topic}/{partition} can be deleted, in order"
+                    )));
+                }
+                // The last segment is never deleted: it anchors where the next one starts.
+                if wanted.len() == p.segments.len() {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "the newest segment of {topic}/{partition} cannot be deleted"
+                    )));
+                }
+                for b in wanted {
+                    p.segments.remove(&b);
+                }
+                Ok(Response::Ok)
+            }
+            Command::RestoreArchivedSegment {
+                topic,
+                partitions,
+                partition,
+                base_offset,
+                last_offset,
+                record_count,
+                min_timestamp_ms,
+                max_timestamp_ms,
+                object_key,
+                object_bytes,
+                now_ms,
+            } => {
+                if *partition >= *partitions {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "object {object_key} is for partition {partition} of a topic with {partitions} partitions"
+                    )));
+                }
+                if last_offset < base_offset || last_offset - base_offset + 1 != *record_count {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "object {object_key} claims offsets {base_offset}..={last_offset} but {record_count} records"
+                    )));
+                }
+                if !self.topics.contains_key(topic) {
+                    self.try_apply(&Command::CreateTopic {
+                        name: topic.clone(),
+                        partitions: *partitions,
+                        config: BTreeMap::new(),
+                        now_ms: *now_ms,
+                    })?;
+                }
+                let p = self.partition_mut(topic, *partition)?;
+                let overlaps = p.segments.values().any(|s| {
+                    let end = s.last_offset.unwrap_or(u64::MAX);
+                    s.base_offset <= *last_offset && *base_offset <= end
+                });
+                if overlaps {
+                    if p.segments.get(base_offset).and_then(|s| s.object_key.as_deref())
+                        == Some(object_key.as_str())
+                    {
+                        return Ok(Response::Ok);
+                    }
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "object {object_key} overlaps a segment {topic}/{partition} already has"
+                    )));
+                }
+                p.segments.insert(
+                    *base_offset,
+                    Segment {
+                        base_offset: *base_offset,
+                        last_offset: Some(*last_offset),
+                        state: SegmentState::Archived,
+                        epoch: p.epoch,
+                        ensemble: Vec::new(),
+                        size_bytes: 0,
+                        record_count: *record_count,
+                        min_timestamp_ms: *min_timestamp_ms,
+                        max_timestamp_ms: *max_timestamp_ms,
+                        opened_ms: *now_ms,
+                        sealed_ms: Some(*now_ms),
+                        object_key: Some(object_key.clone()),
+                        object_bytes: *object_bytes,
+                        archived_ms: Some(*now_ms),
+                    },
+                );
                 Ok(Response::Ok)
             }
             Command::JoinGroup { group, topic, member, mode, session_timeout_ms, now_ms } => {
@@ -748,6 +932,104 @@ mod tests {
         assert_eq!((cp.floor, cp.acked.clone()), (15, vec![]));
         assert!(matches!(commit(&mut s, 1, vec![]), Response::Ok));
         assert_eq!(s.groups["g"].topics["t"].acks[&0].floor, 15);
+    }
+
+    #[test]
+    fn archive_delete_and_restore_segments() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 2);
+        s.apply(&Command::ClaimWriter {
+            topic: "t".into(),
+            partition: 0,
+            agent: "a".into(),
+            expected_epoch: None,
+        });
+        for (base, count) in [(0u64, 10u64), (10, 5), (15, 0)] {
+            let open = Command::OpenSegment {
+                topic: "t".into(),
+                partition: 0,
+                epoch: 1,
+                base_offset: base,
+                ensemble: vec!["a".into()],
+                now_ms: 1,
+            };
+            assert_eq!(s.apply(&open), Response::Ok);
+            if count > 0 {
+                let seal = Command::SealSegment {
+                    topic: "t".into(),
+                    partition: 0,
+                    epoch: 1,
+                    base_offset: base,
+                    record_count: count,
+                    size_bytes: 1,
+                    min_timestamp_ms: Some(1),
+                    max_timestamp_ms: Some(2),
+                    now_ms: 2,
+                };
+                assert_eq!(s.apply(&seal), Response::Ok);
+            }
+        }
+        let archive = |base: u64, last: u64| Command::ArchiveSegment {
+            topic: "t".into(),
+            partition: 0,
+            base_offset: base,
+            last_offset: last,
+            object_key: format!("k{base}"),
+            object_bytes: 100,
+            now_ms: 3,
+        };
+        let before = s.clone();
+        assert!(matches!(s.apply(&archive(0, 8)), Response::Error { .. }), "the offset range must match");
+        assert!(
+            matches!(s.apply(&archive(15, 20)), Response::Error { .. }),
+            "an open segment cannot be archived"
+        );
+        assert_eq!(s, before);
+        assert_eq!(s.apply(&archive(0, 9)), Response::Ok);
+        assert_eq!(s.apply(&archive(0, 9)), Response::Ok, "archiving again is a harmless retry");
+        let seg = &s.topics["t"].partitions[0].segments[&0];
+        assert_eq!(
+            (seg.state, seg.object_key.as_deref(), seg.object_bytes),
+            (SegmentState::Archived, Some("k0"), 100)
+        );
+        let delete = |bases: Vec<u64>| Command::DeleteArchivedSegments {
+            topic: "t".into(),
+            partition: 0,
+            base_offsets: bases,
+        };
+        assert!(
+            matches!(s.apply(&delete(vec![10])), Response::Error { .. }),
+            "only the oldest, only archived"
+        );
+        assert_eq!(s.apply(&delete(vec![0])), Response::Ok);
+        assert_eq!(s.topics["t"].partitions[0].segments.keys().copied().collect::<Vec<_>>(), vec![10, 15]);
+
+        // Restoring into empty metadata creates the topic and the chain.
+        let mut fresh = MetadataState::default();
+        let restore = |base: u64, last: u64, partition: u32| Command::RestoreArchivedSegment {
+            topic: "r".into(),
+            partitions: 3,
+            partition,
+            base_offset: base,
+            last_offset: last,
+            record_count: last - base + 1,
+            min_timestamp_ms: Some(5),
+            max_timestamp_ms: Some(6),
+            object_key: format!("o{base}"),
+            object_bytes: 7,
+            now_ms: 9,
+        };
+        assert_eq!(fresh.apply(&restore(10, 19, 1)), Response::Ok);
+        assert_eq!(fresh.apply(&restore(0, 9, 1)), Response::Ok);
+        assert_eq!(fresh.apply(&restore(0, 9, 1)), Response::Ok, "restoring twice is harmless");
+        assert!(matches!(fresh.apply(&restore(5, 12, 1)), Response::Error { .. }), "overlaps are refused");
+        let before = fresh.clone();
+        assert!(matches!(fresh.apply(&restore(0, 9, 3)), Response::Error { .. }));
+        assert_eq!(fresh, before);
+        let p = &fresh.topics["r"].partitions[1];
+        assert_eq!(fresh.topics["r"].partitions.len(), 3);
+        assert_eq!(p.next_segment_base(), 20);
+        assert!(p.segments.values().all(|s| s.state == SegmentState::Archived));
     }
 
     proptest! {

@@ -24,6 +24,10 @@ pub struct TopicConfig {
     pub retention_ms: Option<u64>,
     /// `local.retention.ms`: how long an agent keeps its copy of an archived segment.
     pub local_retention_ms: u64,
+    /// `local.retention.bytes`: most bytes of archived segments an agent keeps per partition;
+    /// `None` for no limit (then only `local.retention.ms` applies).
+    #[serde(default)]
+    pub local_retention_bytes: Option<u64>,
     /// `max.message.bytes`: the largest record batch a producer may send.
     pub max_message_bytes: u64,
     /// `visibility.timeout.ms`: an unacknowledged message is redelivered after this long.
@@ -39,6 +43,7 @@ impl Default for TopicConfig {
             segment_ms: Duration::from_secs(10 * 60).as_millis() as u64,
             retention_ms: Some(Duration::from_secs(7 * 24 * 3600).as_millis() as u64),
             local_retention_ms: Duration::from_secs(10 * 60).as_millis() as u64,
+            local_retention_bytes: None,
             max_message_bytes: 1024 * 1024,
             visibility_timeout_ms: 30_000,
             max_deliveries: 5,
@@ -52,6 +57,7 @@ pub const TOPIC_CONFIG_NAMES: &[&str] = &[
     "segment.ms",
     "retention.ms",
     "local.retention.ms",
+    "local.retention.bytes",
     "max.message.bytes",
     "visibility.timeout.ms",
     "max.deliveries",
@@ -92,6 +98,9 @@ impl TopicConfig {
                 self.retention_ms = if value.trim() == "-1" { None } else { Some(number()?) };
             }
             "local.retention.ms" => self.local_retention_ms = number()?,
+            "local.retention.bytes" => {
+                self.local_retention_bytes = if value.trim() == "-1" { None } else { Some(number()?) };
+            }
             "max.message.bytes" => {
                 let v = number()?;
                 if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&v) {
@@ -130,6 +139,10 @@ impl TopicConfig {
         m.insert("segment.ms".into(), self.segment_ms.to_string());
         m.insert("retention.ms".into(), self.retention_ms.map_or("-1".to_string(), |v| v.to_string()));
         m.insert("local.retention.ms".into(), self.local_retention_ms.to_string());
+        m.insert(
+            "local.retention.bytes".into(),
+            self.local_retention_bytes.map_or("-1".to_string(), |v| v.to_string()),
+        );
         m.insert("max.message.bytes".into(), self.max_message_bytes.to_string());
         m.insert("visibility.timeout.ms".into(), self.visibility_timeout_ms.to_string());
         m.insert("max.deliveries".into(), self.max_deliveries.to_string());

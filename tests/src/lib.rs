@@ -47,12 +47,27 @@ pub struct SiltDev {
     data_dir: PathBuf,
     url: String,
     log: PathBuf,
+    options: DevOptions,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// How to start `silt dev`.
+#[derive(Debug, Clone, Default)]
+pub struct DevOptions {
+    /// `--object-store` URL; the default is a folder in the data directory.
+    pub object_store: Option<String>,
+    /// Extra environment (AWS_* for an S3 emulator, fault injection).
+    pub env: Vec<(String, String)>,
 }
 
 impl SiltDev {
     /// Starts `silt dev` in a fresh temporary directory.
     pub fn start() -> SiltDev {
+        Self::start_with(DevOptions::default())
+    }
+
+    /// Starts `silt dev` in a fresh temporary directory with options.
+    pub fn start_with(options: DevOptions) -> SiltDev {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("data");
         let mut dev = SiltDev {
@@ -60,17 +75,27 @@ impl SiltDev {
             data_dir,
             url: String::new(),
             log: tmp.path().join("silt.log"),
+            options,
             _tmp: Some(tmp),
         };
         dev.spawn();
         dev
     }
 
+    /// The options it was started with.
+    pub fn options(&self) -> &DevOptions {
+        &self.options
+    }
+
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
-        let mut child = Command::new(silt_bin())
-            .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(&self.data_dir)
+        let mut cmd = Command::new(silt_bin());
+        cmd.args(["dev", "--listen", "127.0.0.1:0", "--data-dir"]).arg(&self.data_dir);
+        if let Some(url) = &self.options.object_store {
+            cmd.args(["--object-store", url]);
+        }
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut child = cmd
             .env("SILT_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,1 +1,49 @@
-//! placeholder
+//! Silt's tiered storage: the archive format and the way to the bucket.
+//!
+//! This crate owns:
+//! - the **archive format** ([`archive_format`]): one sealed segment as one plain Parquet
+//!   object, its schema, footer metadata and format version;
+//! - the **object layout** ([`object_layout`]): where an archive lives in the bucket,
+//!   `{prefix}/topic={topic}/partition={partition}/{base:020}-{last:020}.parquet`;
+//! - **object stores by URL** ([`store_url`]: `file://`, `s3://`, `memory://`) and the
+//!   wrappers that add behaviour to any store: [`RetryingObjectStore`],
+//!   [`InstrumentedObjectStore`], and [`FaultInjectingObjectStore`] for tests, plus the
+//!   [`conformance`] suite every backend must pass;
+//! - the **read router** [`locate`](locate::locate): which tier holds an offset, from the
+//!   segment chain in metadata (pure, no I/O);
+//! - the **cold reader** ([`ColdReader`]): reads archived records through a foyer hybrid
+//!   cache, fetching only the row groups it needs, with its own bounded concurrency.
+//!
+//! It never decides what to archive or when to delete it: that is the compactor's job
+//! (`silt-compactor`), which calls [`encode_archive`] and [`read_archive_meta`] here and commits
+//! the mapping in metadata. Agents call [`locate`](locate::locate) and [`ColdReader`].
+//! It talks to object storage only; it reads metadata's types (`silt-metadata`) but never the
+//! metadata service, and the record type of `silt-record`.
+
+#![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests may unwrap"))]
+
+pub mod archive_format;
+pub mod cold_reader;
+pub mod conformance;
+mod error;
+pub mod fault_injecting_object_store;
+pub mod instrumented_object_store;
+pub mod locate;
+pub mod object_layout;
+pub mod retrying_object_store;
+pub mod store_url;
+
+pub use archive_format::{
+    archive_meta_from_parquet, decode_records, encode_archive, read_archive_meta, ArchiveMeta,
+    ArchiveWriterOptions, FORMAT_VERSION,
+};
+pub use cold_reader::{ColdReader, ColdReaderOptions, ColdReaderStats};
+pub use error::TieringError;
+pub use fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore, FaultKind};
+pub use instrumented_object_store::{
+    InstrumentedObjectStore, ObjectOp, ObjectStoreStats, ObjectStoreStatsSnapshot,
+};
+pub use locate::{earliest_offset, locate, locate_time, Location};
+pub use object_layout::{object_key, parse_object_key, ObjectName};
+pub use retrying_object_store::{is_retryable, RetryConfig, RetryingObjectStore};
+pub use store_url::{object_store_from_url, ObjectStoreUrl};

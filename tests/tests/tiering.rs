@@ -1,0 +1,350 @@
+//! End-to-end tiering tests: a real `silt dev` archives to a local folder, to SeaweedFS and to
+//! LocalStack; everything is replayed through Silt, read with pyarrow and DuckDB outside Silt,
+//! and replayed again after metadata is rebuilt from the bucket alone.
+//!
+//! The S3 emulators and the Python tools are started by `scripts/test.sh`, which exports
+//! `SILT_TEST_SEAWEEDFS_ENDPOINT`, `SILT_TEST_LOCALSTACK_ENDPOINT` and `SILT_TEST_PYTHON`. Without
+//! them (running `cargo test` by hand) those parts are skipped with a message, except under
+//! `CI=true`, where a missing emulator is a failure. `SILT_TEST_ARCHIVE_MIB` sets how much each
+//! round trip produces (default 8 MiB).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use silt::client::{Client, HeaderOut, Message, OutMessage, Poll};
+use silt_tests::{silt_bin, wait_for, DevOptions, SiltDev};
+
+const TOPIC: &str = "clicks";
+const PARTITIONS: u32 = 2;
+const BASE_TS: i64 = 1_796_000_000_000;
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Local,
+    SeaweedFs,
+    LocalStack,
+}
+
+/// Where the archive of a backend is, for the tools outside Silt.
+#[derive(Clone, Debug)]
+enum ArchiveAt {
+    Dir,
+    S3 { bucket_prefix: String, endpoint: String },
+}
+
+fn required(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{var} is not set: run the suite with scripts/test.sh, which starts the emulators"
+            );
+            eprintln!("skipping: {var} is not set (scripts/test.sh sets it)");
+            None
+        }
+    }
+}
+
+fn unique_prefix() -> String {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("run-{}-{nanos}", std::process::id())
+}
+
+fn backend(b: Backend, faults: bool) -> Option<(DevOptions, ArchiveAt)> {
+    let mut options = DevOptions::default();
+    if faults {
+        options.env.push(("SILT_TEST_OBJECT_STORE_FAULTS".into(), "error_rate=0.2,seed=11".into()));
+    }
+    let (endpoint, secret) = match b {
+        Backend::Local => return Some((options, ArchiveAt::Dir)),
+        Backend::SeaweedFs => (required("SILT_TEST_SEAWEEDFS_ENDPOINT")?, "testsecret"),
+        Backend::LocalStack => (required("SILT_TEST_LOCALSTACK_ENDPOINT")?, "test"),
+    };
+    let bucket_prefix = format!("silt-test/{}", unique_prefix());
+    options.object_store = Some(format!("s3://{bucket_prefix}"));
+    for (k, v) in [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", secret),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+    ] {
+        options.env.push((k.into(), v.into()));
+    }
+    Some((options, ArchiveAt::S3 { bucket_prefix, endpoint }))
+}
+
+/// One produced record, as the tools outside Silt must see it.
+#[derive(Clone, Debug, PartialEq)]
+struct Expected {
+    partition: u32,
+    offset: u64,
+    timestamp: i64,
+    key: Option<String>,
+    value: String,
+    headers: Vec<(String, String)>,
+}
+
+fn message_for(i: usize, value_bytes: usize) -> OutMessage {
+    let key = (!i.is_multiple_of(7)).then(|| format!("user-{}", i % 50));
+    let mut value = format!("click {i} ");
+    while value.len() < value_bytes {
+        value.push_str(&format!("{:x}", (i * 2_654_435_761) % 0xffff_ffff));
+    }
+    value.truncate(value_bytes);
+    let headers = if i.is_multiple_of(3) {
+        vec![HeaderOut { key: "source".into(), value: format!("web-{}", i % 5) }]
+    } else {
+        vec![]
+    };
+    OutMessage { partition: None, key, value: Some(value), headers, timestamp: Some(BASE_TS + i as i64) }
+}
+
+async fn produce_all(client: &Client, count: usize) -> Vec<Expected> {
+    let mut expected = Vec::with_capacity(count);
+    for start in (0..count).step_by(500) {
+        let messages: Vec<OutMessage> =
+            (start..(start + 500).min(count)).map(|i| message_for(i, 1000)).collect();
+        let ids = client.produce(TOPIC, &messages).await.expect("produce");
+        for (id, m) in ids.iter().zip(messages) {
+            let mut parts = id.rsplitn(3, '/');
+            let offset: u64 = parts.next().and_then(|o| o.parse().ok()).expect("offset");
+            let partition: u32 = parts.next().and_then(|p| p.parse().ok()).expect("partition");
+            expected.push(Expected {
+                partition,
+                offset,
+                timestamp: m.timestamp.expect("timestamp"),
+                key: m.key,
+                value: m.value.expect("value"),
+                headers: m.headers.into_iter().map(|h| (h.key, h.value)).collect(),
+            });
+        }
+    }
+    expected.sort_by_key(|e| (e.partition, e.offset));
+    expected
+}
+
+fn as_expected(m: &Message) -> Expected {
+    Expected {
+        partition: m.partition,
+        offset: m.offset,
+        timestamp: m.timestamp,
+        key: m.key.clone(),
+        value: m.value.clone().unwrap_or_default(),
+        headers: m.headers.iter().map(|h| (h.key.clone(), h.value.clone().unwrap_or_default())).collect(),
+    }
+}
+
+async fn replay_all(client: &Client) -> Vec<Expected> {
+    let mut out = Vec::new();
+    for p in 0..PARTITIONS {
+        let mut from = 0;
+        loop {
+            let page = client.replay(TOPIC, p, Some(from), None, 5000).await.expect("replay");
+            if page.messages.is_empty() {
+                break;
+            }
+            from = page.next_offset;
+            out.extend(page.messages.iter().map(as_expected));
+        }
+    }
+    out
+}
+
+async fn archived_records(client: &Client) -> (u64, usize) {
+    let objects = client.archive_list(TOPIC).await.expect("archive ls");
+    (objects.iter().filter_map(|o| o["records"].as_u64()).sum(), objects.len())
+}
+
+fn local_log_files(data_dir: &Path) -> usize {
+    let root = data_dir.join("agent").join("log");
+    let Ok(topics) = std::fs::read_dir(&root) else { return 0 };
+    let mut n = 0;
+    for t in topics.flatten() {
+        for p in std::fs::read_dir(t.path()).into_iter().flatten().flatten() {
+            n += std::fs::read_dir(p.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.path().extension().is_some_and(|e| e == "log"))
+                .count();
+        }
+    }
+    n
+}
+
+fn verify_with_pyarrow(dev: &SiltDev, at: &ArchiveAt, expected: &[Expected], objects: usize) {
+    let Some(python) = required("SILT_TEST_PYTHON") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("expected.jsonl");
+    let mut f = std::fs::File::create(&file).expect("expected file");
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    for e in expected {
+        let line = serde_json::json!({
+            "topic": TOPIC,
+            "partition": e.partition,
+            "offset": e.offset,
+            "timestamp": e.timestamp,
+            "key_b64": e.key.as_deref().map(b64),
+            "value_b64": b64(&e.value),
+            "headers": e.headers.iter().map(|(k, v)| vec![k.clone(), b64(v)]).collect::<Vec<_>>(),
+        });
+        writeln!(f, "{line}").expect("write expected");
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join("verify_archive.py");
+    let mut cmd = Command::new(python);
+    cmd.arg(&script).arg(&file).args(["--objects", &objects.to_string()]);
+    match at {
+        ArchiveAt::Dir => {
+            cmd.arg("--dir").arg(dev.data_dir().join("objects"));
+        }
+        ArchiveAt::S3 { bucket_prefix, endpoint } => {
+            cmd.args(["--s3", bucket_prefix, "--endpoint", endpoint]);
+            cmd.envs(dev.options().env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        }
+    }
+    let out = cmd.output().expect("run verify_archive.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "reading the archive outside Silt failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), format!("ok {}", expected.len()));
+}
+
+fn rebuild_metadata(dev: &SiltDev) -> serde_json::Value {
+    let mut cmd = Command::new(silt_bin());
+    cmd.args(["archive", "rebuild-metadata", "--data-dir"]).arg(dev.data_dir());
+    if let Some(url) = &dev.options().object_store {
+        cmd.args(["--object-store", url]);
+    }
+    cmd.envs(
+        dev.options()
+            .env
+            .iter()
+            .filter(|(k, _)| k.starts_with("AWS_"))
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
+    let out = cmd.output().expect("run silt archive rebuild-metadata");
+    assert!(out.status.success(), "rebuild-metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("rebuild report")
+}
+
+async fn round_trip(backend_kind: Backend, faults: bool) {
+    let Some((options, at)) = backend(backend_kind, faults) else { return };
+    let mib: usize = std::env::var("SILT_TEST_ARCHIVE_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let count = mib * 1024;
+    let mut dev = SiltDev::start_with(options);
+    let client = dev.client();
+    let config: BTreeMap<String, String> = [
+        ("segment.bytes", "262144"),
+        ("segment.ms", "300"),
+        ("local.retention.ms", "0"),
+        ("retention.ms", "-1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    client.create_topic(TOPIC, PARTITIONS, &config).await.expect("create topic");
+    let expected = produce_all(&client, count).await;
+    assert_eq!(expected.len(), count);
+
+    // Everything is archived (the last segments seal on segment.ms once producing stops) ...
+    let (_, objects) = wait_for("every record to be archived", Duration::from_secs(300), || {
+        let client = client.clone();
+        async move {
+            let (records, objects) = archived_records(&client).await;
+            (records == count as u64).then_some((records, objects))
+        }
+    })
+    .await;
+    // ... and the agents drop their local copies, keeping only each partition's open segment.
+    wait_for("local copies to be dropped", Duration::from_secs(60), || {
+        let n = local_log_files(dev.data_dir());
+        async move { (n <= PARTITIONS as usize).then_some(()) }
+    })
+    .await;
+
+    // Replayed through Silt, from the archive: identical, in order, at the same offsets.
+    let replayed = replay_all(&client).await;
+    assert_eq!(replayed.len(), expected.len());
+    for (got, want) in replayed.iter().zip(&expected) {
+        assert_eq!(got, want);
+    }
+    // A new group starting at the earliest offset reads from the archive transparently.
+    let mut consumed: HashMap<(u32, u64), Expected> = HashMap::new();
+    while consumed.len() < count {
+        let poll = Poll {
+            group: "late-joiner".into(),
+            member: "m".into(),
+            mode: "exclusive".into(),
+            max: 5000,
+            timeout_ms: 5000,
+            session_timeout_ms: 30_000,
+        };
+        let batch = client.poll(TOPIC, &poll).await.expect("poll");
+        assert!(!batch.is_empty(), "poll timed out at {} of {count}", consumed.len());
+        let ids: Vec<String> = batch.iter().map(|m| m.id.clone()).collect();
+        client.ack("late-joiner", &ids).await.expect("ack");
+        for m in &batch {
+            assert!(consumed.insert((m.partition, m.offset), as_expected(m)).is_none(), "delivered twice");
+        }
+    }
+    for e in &expected {
+        assert_eq!(consumed.get(&(e.partition, e.offset)), Some(e));
+    }
+    // Replay by time finds the first record at or after the time in the archive.
+    let t = BASE_TS + (count / 2) as i64;
+    let page = client.replay(TOPIC, 0, None, Some(t), 1).await.expect("replay by time");
+    let want = expected.iter().find(|e| e.partition == 0 && e.timestamp >= t).expect("a record after t");
+    assert_eq!(page.messages.first().map(as_expected).as_ref(), Some(want));
+
+    // Outside Silt: pyarrow and DuckDB read the same records from the bucket, no object twice.
+    verify_with_pyarrow(&dev, &at, &expected, objects);
+
+    // Metadata lost: rebuilt from the objects' footers alone, the replay is still identical.
+    dev.stop();
+    std::fs::remove_dir_all(dev.data_dir().join("metadata")).expect("delete metadata");
+    let report = rebuild_metadata(&dev);
+    assert_eq!(report["restored"].as_u64(), Some(objects as u64), "{report}");
+    assert_eq!(report["skipped"].as_array().map(Vec::len), Some(0), "{report}");
+    dev.restart();
+    let client = dev.client();
+    let replayed = replay_all(&client).await;
+    assert_eq!(replayed.len(), expected.len());
+    for (got, want) in replayed.iter().zip(&expected) {
+        assert_eq!(got, want);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_round_trip_local_folder() {
+    round_trip(Backend::Local, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_round_trip_local_folder_with_faults() {
+    round_trip(Backend::Local, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_round_trip_seaweedfs() {
+    round_trip(Backend::SeaweedFs, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_round_trip_seaweedfs_with_faults() {
+    round_trip(Backend::SeaweedFs, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_round_trip_localstack() {
+    round_trip(Backend::LocalStack, false).await;
+}

@@ -1,0 +1,866 @@
+//! Reads archived segments from the bucket, through a cache.
+//!
+//! The unit fetched and cached is one row group: the bytes of all its column chunks, keyed by
+//! (object key, object size, row group index), in a foyer hybrid cache (memory, plus a local
+//! disk directory when one is configured). Parsed footers live in a small in-memory cache
+//! keyed by (object key, object size). A read uses the row-group statistics on `offset` to
+//! fetch only the row groups holding the offsets it needs, stops once it has enough records,
+//! and decodes with Parquet's async reader over the cached bytes.
+//!
+//! Cold reads have their own bounded concurrency: at most `concurrency_max` object store
+//! fetches at once per reader, whatever the number of readers waiting, so a burst of catch-up
+//! consumers cannot take the bucket bandwidth the write path (the compactor) needs. Concurrent
+//! reads of the same row group share one fetch.
+//!
+//! Objects are immutable once archived (conditional create), so cached bytes never go stale;
+//! the object size in the key keeps a re-created object at the same key apart.
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{Array, Int64Array, RecordBatch, TimestampMillisecondArray};
+use bytes::Bytes;
+use foyer::{
+    BlockEngineConfig, Cache, CacheBuilder, Code, DeviceBuilder, FsDeviceBuilder, HybridCache,
+    HybridCacheBuilder, PsyncIoEngineConfig,
+};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use object_store::path::Path;
+use object_store::ObjectStore;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaData;
+use silt_record::Record;
+use tokio::sync::Semaphore;
+
+use crate::archive_format::{
+    decode_records, read_archive_meta_counted, row_group_byte_ranges, row_group_stats, ArchiveMeta,
+    RowGroupStats, COLUMN_OFFSET, COLUMN_TIMESTAMP,
+};
+use crate::TieringError;
+
+/// Rows decoded per Arrow batch.
+const BATCH_ROWS_MAX: usize = 8192;
+/// Largest disk cache block: the eviction unit and the largest entry the disk cache takes.
+const DISK_BLOCK_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Smallest disk cache accepted.
+const DISK_BYTES_MIN: usize = 4 * 1024 * 1024;
+
+/// How a [`ColdReader`] caches and fetches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColdReaderOptions {
+    /// Memory for cached row groups.
+    pub memory_bytes: usize,
+    /// Directory of the disk cache; `None` caches in memory only.
+    pub disk_dir: Option<PathBuf>,
+    /// Size of the disk cache.
+    pub disk_bytes: usize,
+    /// Most object store fetches in flight at once.
+    pub concurrency_max: usize,
+    /// Memory for parsed footers.
+    pub footer_memory_bytes: usize,
+}
+
+impl Default for ColdReaderOptions {
+    fn default() -> Self {
+        ColdReaderOptions {
+            memory_bytes: 64 * 1024 * 1024,
+            disk_dir: None,
+            disk_bytes: 1024 * 1024 * 1024,
+            concurrency_max: 8,
+            footer_memory_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Counters of a [`ColdReader`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ColdReaderStats {
+    /// Row groups served from the cache (memory or disk), or from a fetch another read started.
+    pub cache_hits: u64,
+    /// Row groups fetched from the object store.
+    pub cache_misses: u64,
+    /// Footers served from the footer cache.
+    pub footer_hits: u64,
+    /// Footers fetched from the object store.
+    pub footer_misses: u64,
+    /// Object store requests made (footers and row groups).
+    pub fetches: u64,
+    /// Bytes fetched from the object store.
+    pub bytes_fetched: u64,
+}
+
+impl ColdReaderStats {
+    /// The counters in the Prometheus text format: `silt_tiering_cold_row_groups_total` and
+    /// `silt_tiering_cold_footers_total` (label `result`: `hit` or `miss`),
+    /// `silt_tiering_cold_fetches_total` and `silt_tiering_cold_fetched_bytes_total`.
+    pub fn encode_prometheus(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for (name, help, hits, misses) in [
+            (
+                "row_groups",
+                "Row groups a cold read needed, by cache result.",
+                self.cache_hits,
+                self.cache_misses,
+            ),
+            (
+                "footers",
+                "Archive footers a cold read needed, by cache result.",
+                self.footer_hits,
+                self.footer_misses,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP silt_tiering_cold_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE silt_tiering_cold_{name}_total counter");
+            let _ = writeln!(out, "silt_tiering_cold_{name}_total{{result=\"hit\"}} {hits}");
+            let _ = writeln!(out, "silt_tiering_cold_{name}_total{{result=\"miss\"}} {misses}");
+        }
+        let _ =
+            writeln!(out, "# HELP silt_tiering_cold_fetches_total Object store requests made by cold reads.");
+        let _ = writeln!(out, "# TYPE silt_tiering_cold_fetches_total counter");
+        let _ = writeln!(out, "silt_tiering_cold_fetches_total {}", self.fetches);
+        let _ = writeln!(
+            out,
+            "# HELP silt_tiering_cold_fetched_bytes_total Bytes cold reads fetched from the object store."
+        );
+        let _ = writeln!(out, "# TYPE silt_tiering_cold_fetched_bytes_total counter");
+        let _ = writeln!(out, "silt_tiering_cold_fetched_bytes_total {}", self.bytes_fetched);
+        out
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    footer_hits: AtomicU64,
+    footer_misses: AtomicU64,
+    fetches: AtomicU64,
+    bytes_fetched: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Cache key of one row group of one object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RowGroupKey {
+    object_key: String,
+    object_bytes: u64,
+    row_group: u32,
+}
+
+/// The column-chunk bytes of one row group, each with its position in the object.
+#[derive(Debug, Clone, Default)]
+struct RowGroupBytes {
+    chunks: Vec<(u64, Bytes)>,
+}
+
+impl RowGroupBytes {
+    fn len_bytes(&self) -> usize {
+        self.chunks.iter().map(|(_, b)| b.len()).sum()
+    }
+
+    fn slice(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
+        self.chunks
+            .iter()
+            .find(|(start, b)| *start <= range.start && range.end <= start + b.len() as u64)
+            .map(|(start, b)| b.slice((range.start - start) as usize..(range.end - start) as usize))
+            .ok_or_else(|| {
+                ParquetError::General(format!("byte range {range:?} is not in the cached row group"))
+            })
+    }
+}
+
+const CHUNKS_MAX: u64 = 4096;
+const CHUNK_BYTES_MAX: u64 = 1 << 32;
+const KEY_BYTES_MAX: u64 = 64 * 1024;
+
+fn write_u64(w: &mut impl std::io::Write, v: u64) -> foyer::Result<()> {
+    w.write_all(&v.to_le_bytes()).map_err(foyer::Error::io_error)
+}
+
+fn read_u64(r: &mut impl std::io::Read) -> foyer::Result<u64> {
+    let mut buf = [0u8; 8];
+    r.read_exact(&mut buf).map_err(foyer::Error::io_error)?;
+    Ok(u64::from_le_bytes(buf))
+}
+
+fn read_bytes(r: &mut impl std::io::Read, len: u64, max: u64) -> foyer::Result<Vec<u8>> {
+    if len > max {
+        return Err(foyer::Error::new(foyer::ErrorKind::Parse, "cold cache entry length out of bounds"));
+    }
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf).map_err(foyer::Error::io_error)?;
+    Ok(buf)
+}
+
+impl Code for RowGroupKey {
+    fn encode(&self, writer: &mut impl std::io::Write) -> foyer::Result<()> {
+        write_u64(writer, self.object_key.len() as u64)?;
+        writer.write_all(self.object_key.as_bytes()).map_err(foyer::Error::io_error)?;
+        write_u64(writer, self.object_bytes)?;
+        write_u64(writer, u64::from(self.row_group))
+    }
+
+    fn decode(reader: &mut impl std::io::Read) -> foyer::Result<Self> {
+        let len = read_u64(reader)?;
+        let object_key = String::from_utf8(read_bytes(reader, len, KEY_BYTES_MAX)?).map_err(|e| {
+            foyer::Error::new(foyer::ErrorKind::Parse, "cold cache key is not UTF-8").with_source(e)
+        })?;
+        let object_bytes = read_u64(reader)?;
+        let row_group = u32::try_from(read_u64(reader)?).map_err(|e| {
+            foyer::Error::new(foyer::ErrorKind::Parse, "row group out of range").with_source(e)
+        })?;
+        Ok(RowGroupKey { object_key, object_bytes, row_group })
+    }
+
+    fn estimated_size(&self) -> usize {
+        24 + self.object_key.len()
+    }
+}
+
+impl Code for RowGroupBytes {
+    fn encode(&self, writer: &mut impl std::io::Write) -> foyer::Result<()> {
+        write_u64(writer, self.chunks.len() as u64)?;
+        for (start, bytes) in &self.chunks {
+            write_u64(writer, *start)?;
+            write_u64(writer, bytes.len() as u64)?;
+            writer.write_all(bytes).map_err(foyer::Error::io_error)?;
+        }
+        Ok(())
+    }
+
+    fn decode(reader: &mut impl std::io::Read) -> foyer::Result<Self> {
+        let count = read_u64(reader)?;
+        if count > CHUNKS_MAX {
+            return Err(foyer::Error::new(foyer::ErrorKind::Parse, "too many chunks in a cold cache entry"));
+        }
+        let mut chunks = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let start = read_u64(reader)?;
+            let len = read_u64(reader)?;
+            chunks.push((start, Bytes::from(read_bytes(reader, len, CHUNK_BYTES_MAX)?)));
+        }
+        Ok(RowGroupBytes { chunks })
+    }
+
+    fn estimated_size(&self) -> usize {
+        8 + self.chunks.len() * 16 + self.len_bytes()
+    }
+}
+
+/// A parsed footer and what is derived from it once.
+#[derive(Debug)]
+struct Footer {
+    meta: ArchiveMeta,
+    metadata: Arc<ParquetMetaData>,
+    arrow: ArrowReaderMetadata,
+    row_groups: Vec<Option<RowGroupStats>>,
+}
+
+/// Serves the Parquet async reader from one row group's cached bytes.
+struct CachedRowGroup {
+    metadata: Arc<ParquetMetaData>,
+    bytes: RowGroupBytes,
+}
+
+impl AsyncFileReader for CachedRowGroup {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        futures::future::ready(self.bytes.slice(range)).boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        futures::future::ready(Ok(Arc::clone(&self.metadata))).boxed()
+    }
+}
+
+/// Reads archived segments. See the module documentation.
+pub struct ColdReader {
+    store: Arc<dyn ObjectStore>,
+    row_groups: HybridCache<RowGroupKey, RowGroupBytes>,
+    footers: Cache<(String, u64), Arc<Footer>>,
+    fetch_permits: Arc<Semaphore>,
+    counters: Arc<Counters>,
+    options: ColdReaderOptions,
+}
+
+impl std::fmt::Debug for ColdReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColdReader")
+            .field("store", &self.store.to_string())
+            .field("options", &self.options)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn cache_error(what: &str, e: impl std::fmt::Display) -> TieringError {
+    TieringError::Cache(format!("{what}: {e}"))
+}
+
+impl ColdReader {
+    /// Opens the caches (creating the disk cache directory if needed) over `store`, the store
+    /// the object keys given to [`ColdReader::read`] are paths of.
+    pub async fn new(store: Arc<dyn ObjectStore>, options: ColdReaderOptions) -> Result<Self, TieringError> {
+        if options.concurrency_max == 0 || options.memory_bytes == 0 || options.footer_memory_bytes == 0 {
+            return Err(TieringError::InvalidArgument(
+                "cold reader memory sizes and concurrency must be at least 1".into(),
+            ));
+        }
+        let memory = HybridCacheBuilder::new()
+            .with_name("silt-cold-row-groups")
+            .memory(options.memory_bytes)
+            .with_shards(4)
+            .with_weighter(|k: &RowGroupKey, v: &RowGroupBytes| k.object_key.len() + 64 + v.len_bytes());
+        let row_groups = match &options.disk_dir {
+            None => memory.storage().build().await,
+            Some(dir) => {
+                if options.disk_bytes < DISK_BYTES_MIN {
+                    return Err(TieringError::InvalidArgument(format!(
+                        "the cold read disk cache needs at least {DISK_BYTES_MIN} bytes, got {}",
+                        options.disk_bytes
+                    )));
+                }
+                std::fs::create_dir_all(dir)?;
+                let device = FsDeviceBuilder::new(dir)
+                    .with_capacity(options.disk_bytes)
+                    .build()
+                    .map_err(|e| cache_error(&format!("cannot open disk cache in {}", dir.display()), e))?;
+                let block_bytes = (options.disk_bytes / 4).min(DISK_BLOCK_BYTES_MAX);
+                memory
+                    .storage()
+                    .with_io_engine_config(PsyncIoEngineConfig::new())
+                    .with_engine_config(BlockEngineConfig::new(device).with_block_size(block_bytes))
+                    .build()
+                    .await
+            }
+        }
+        .map_err(|e| cache_error("cannot build the row group cache", e))?;
+        let footers = CacheBuilder::new(options.footer_memory_bytes)
+            .with_shards(1)
+            .with_weighter(|k: &(String, u64), v: &Arc<Footer>| k.0.len() + v.metadata.memory_size())
+            .build();
+        Ok(ColdReader {
+            store,
+            row_groups,
+            footers,
+            fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
+            counters: Arc::default(),
+            options,
+        })
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ColdReaderStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ColdReaderStats {
+            cache_hits: get(&c.cache_hits),
+            cache_misses: get(&c.cache_misses),
+            footer_hits: get(&c.footer_hits),
+            footer_misses: get(&c.footer_misses),
+            fetches: get(&c.fetches),
+            bytes_fetched: get(&c.bytes_fetched),
+        }
+    }
+
+    /// Flushes and closes the disk cache.
+    pub async fn close(&self) -> Result<(), TieringError> {
+        self.row_groups.close().await.map_err(|e| cache_error("closing the row group cache", e))
+    }
+
+    /// Up to `max_records` records of the archive at `object_key` (of `object_bytes` bytes),
+    /// in offset order, starting at the first offset at or after `from_offset`. Empty when
+    /// `from_offset` is past the archive's last offset.
+    pub async fn read(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        from_offset: u64,
+        max_records: usize,
+    ) -> Result<Vec<Record>, TieringError> {
+        if max_records == 0 {
+            return Ok(Vec::new());
+        }
+        let footer = self.footer(object_key, object_bytes).await?;
+        if from_offset > footer.meta.last_offset {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for (rg, stats) in footer.row_groups.iter().enumerate() {
+            if stats.is_some_and(|s| s.max_offset < from_offset) {
+                continue;
+            }
+            let bytes = self.row_group(object_key, object_bytes, &footer, rg).await?;
+            let want = max_records - out.len();
+            // Offsets are contiguous in practice: then the first row needed is known and the
+            // rows before it are skipped without being materialized.
+            let skip = match stats {
+                Some(s) if s.is_contiguous() && from_offset > s.min_offset => {
+                    (from_offset - s.min_offset) as usize
+                }
+                _ => 0,
+            };
+            let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
+                footer.arrow.clone(),
+            )
+            .with_row_groups(vec![rg])
+            .with_offset(skip)
+            .with_limit(want)
+            .with_batch_size(want.min(BATCH_ROWS_MAX))
+            .build()?;
+            while let Some(batch) = stream.next().await {
+                for record in decode_records(&batch?)? {
+                    if record.offset >= from_offset && out.len() < max_records {
+                        out.push(record);
+                    }
+                }
+                if out.len() >= max_records {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The offset of the first record (in offset order) of the archive whose timestamp is at
+    /// or after `timestamp_ms`, or `None` when every record is older. Row groups whose
+    /// largest timestamp is older are skipped without being fetched.
+    pub async fn offset_for_time(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        timestamp_ms: i64,
+    ) -> Result<Option<u64>, TieringError> {
+        let footer = self.footer(object_key, object_bytes).await?;
+        if footer.meta.max_timestamp_ms < timestamp_ms {
+            return Ok(None);
+        }
+        let projection = ProjectionMask::roots(
+            footer.metadata.file_metadata().schema_descr(),
+            [COLUMN_OFFSET, COLUMN_TIMESTAMP],
+        );
+        for (rg, stats) in footer.row_groups.iter().enumerate() {
+            if stats.is_some_and(|s| s.max_timestamp_ms < timestamp_ms) {
+                continue;
+            }
+            let bytes = self.row_group(object_key, object_bytes, &footer, rg).await?;
+            let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
+                footer.arrow.clone(),
+            )
+            .with_row_groups(vec![rg])
+            .with_projection(projection.clone())
+            .with_batch_size(BATCH_ROWS_MAX)
+            .build()?;
+            while let Some(batch) = stream.next().await {
+                if let Some(offset) = first_at_or_after(&batch?, timestamp_ms)? {
+                    return Ok(Some(offset));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn footer(&self, object_key: &str, object_bytes: u64) -> Result<Arc<Footer>, TieringError> {
+        let cache_key = (object_key.to_string(), object_bytes);
+        let path = parse_key(object_key)?;
+        let outcome = Arc::new(FetchOutcome::default());
+        let fetch = {
+            let (store, permits, counters) =
+                (Arc::clone(&self.store), Arc::clone(&self.fetch_permits), Arc::clone(&self.counters));
+            async move {
+                let (meta, metadata, bytes) = {
+                    let _permit =
+                        permits.acquire_owned().await.map_err(|e| cache_error("fetch limiter", e))?;
+                    bump(&counters.fetches, 1);
+                    read_archive_meta_counted(store.as_ref(), &path, Some(object_bytes)).await?
+                };
+                bump(&counters.bytes_fetched, bytes);
+                let arrow = ArrowReaderMetadata::try_new(Arc::clone(&metadata), ArrowReaderOptions::new())?;
+                let row_groups =
+                    (0..metadata.num_row_groups()).map(|i| row_group_stats(&metadata, i)).collect();
+                Ok(Arc::new(Footer { meta, metadata, arrow, row_groups }))
+            }
+        };
+        let wrapped = outcome.wrap(fetch);
+        match self.footers.get_or_fetch(&cache_key, move || wrapped).await {
+            Ok(entry) => {
+                bump(
+                    if outcome.ran() { &self.counters.footer_misses } else { &self.counters.footer_hits },
+                    1,
+                );
+                Ok(Arc::clone(entry.value()))
+            }
+            Err(e) => Err(outcome.error("fetching a footer", e)),
+        }
+    }
+
+    async fn row_group(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        footer: &Footer,
+        rg: usize,
+    ) -> Result<RowGroupBytes, TieringError> {
+        let key = RowGroupKey {
+            object_key: object_key.to_string(),
+            object_bytes,
+            row_group: u32::try_from(rg)
+                .map_err(|_| TieringError::InvalidArchive("too many row groups".into()))?,
+        };
+        let ranges = row_group_byte_ranges(&footer.metadata, rg, object_bytes)?;
+        let path = parse_key(object_key)?;
+        let outcome = Arc::new(FetchOutcome::default());
+        let fetch = {
+            let (store, permits, counters) =
+                (Arc::clone(&self.store), Arc::clone(&self.fetch_permits), Arc::clone(&self.counters));
+            async move {
+                let parts = {
+                    let _permit =
+                        permits.acquire_owned().await.map_err(|e| cache_error("fetch limiter", e))?;
+                    bump(&counters.fetches, 1);
+                    store
+                        .get_ranges(&path, &ranges)
+                        .await
+                        .map_err(|e| TieringError::object_store("get_ranges", &path, e))?
+                };
+                if parts.len() != ranges.len() {
+                    return Err(TieringError::InvalidArchive(format!(
+                        "asked '{path}' for {} ranges, got {}",
+                        ranges.len(),
+                        parts.len()
+                    )));
+                }
+                let bytes = RowGroupBytes { chunks: ranges.iter().map(|r| r.start).zip(parts).collect() };
+                bump(&counters.bytes_fetched, bytes.len_bytes() as u64);
+                Ok(bytes)
+            }
+        };
+        let wrapped = outcome.wrap(fetch);
+        match self.row_groups.get_or_fetch(&key, move || wrapped).await {
+            Ok(entry) => {
+                bump(if outcome.ran() { &self.counters.cache_misses } else { &self.counters.cache_hits }, 1);
+                Ok(entry.value().clone())
+            }
+            Err(e) => Err(outcome.error("fetching a row group", e)),
+        }
+    }
+}
+
+/// What happened to one call's cache fetch: whether it ran (a miss, not a hit) and the error
+/// it met, kept whole because the cache hands back only a wrapped copy.
+#[derive(Debug, Default)]
+struct FetchOutcome {
+    ran: AtomicBool,
+    failure: Mutex<Option<TieringError>>,
+}
+
+impl FetchOutcome {
+    fn wrap<T>(
+        self: &Arc<Self>,
+        fetch: impl std::future::Future<Output = Result<T, TieringError>> + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<T, std::io::Error>> + Send + 'static {
+        let outcome = Arc::clone(self);
+        async move {
+            outcome.ran.store(true, Ordering::Relaxed);
+            fetch.await.map_err(|e| {
+                let message = e.to_string();
+                if let Ok(mut slot) = outcome.failure.lock() {
+                    *slot = Some(e);
+                }
+                std::io::Error::other(message)
+            })
+        }
+    }
+
+    fn ran(&self) -> bool {
+        self.ran.load(Ordering::Relaxed)
+    }
+
+    /// The fetch's own error, or (when another call's fetch failed) the cache's copy of it.
+    fn error(&self, what: &str, wrapped: impl std::fmt::Display) -> TieringError {
+        self.failure
+            .lock()
+            .ok()
+            .and_then(|mut slot| slot.take())
+            .unwrap_or_else(|| cache_error(what, wrapped))
+    }
+}
+
+fn parse_key(object_key: &str) -> Result<Path, TieringError> {
+    Path::parse(object_key).map_err(|e| {
+        TieringError::InvalidArgument(format!("object key '{object_key}' is not a valid path: {e}"))
+    })
+}
+
+fn first_at_or_after(batch: &RecordBatch, timestamp_ms: i64) -> Result<Option<u64>, TieringError> {
+    let offsets = batch.column_by_name("offset").and_then(|c| c.as_any().downcast_ref::<Int64Array>());
+    let timestamps = batch
+        .column_by_name("timestamp")
+        .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>());
+    let (Some(offsets), Some(timestamps)) = (offsets, timestamps) else {
+        return Err(TieringError::InvalidArchive(
+            "no int64 'offset' or timestamp(ms) 'timestamp' column".into(),
+        ));
+    };
+    for i in 0..batch.num_rows() {
+        if timestamps.is_valid(i) && timestamps.value(i) >= timestamp_ms && offsets.is_valid(i) {
+            let offset = u64::try_from(offsets.value(i))
+                .map_err(|_| TieringError::InvalidArchive(format!("negative offset {}", offsets.value(i))))?;
+            return Ok(Some(offset));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive_format::tests::{meta_for, random_records};
+    use crate::archive_format::{encode_archive, read_archive_meta, ArchiveWriterOptions};
+    use crate::{
+        object_key, object_store_from_url, FaultConfig, FaultInjectingObjectStore, FaultKind,
+        InstrumentedObjectStore, ObjectStoreStats, RetryConfig, RetryingObjectStore,
+    };
+    use object_store::{PutMode, PutOptions, PutPayload};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::time::Duration;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        records: Vec<Record>,
+        key: String,
+        object_bytes: u64,
+        stats: Arc<ObjectStoreStats>,
+        reader: ColdReader,
+    }
+
+    /// 10,000 records in a multi-row-group object in a `file://` store, a reader with a disk
+    /// cache over an instrumented view of the same store.
+    async fn fixture(base: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let bucket = dir.path().join("bucket");
+        let opened = object_store_from_url(&format!("file://{}", bucket.display())).unwrap();
+        let records = random_records(42, base, 10_000);
+        let meta = meta_for(&records);
+        let opts = ArchiveWriterOptions { row_group_rows_max: 1000, ..Default::default() };
+        let object = encode_archive(&meta, &records, &opts).unwrap();
+        let object_bytes = object.len() as u64;
+        let key = object_key(&opened.prefix, &meta.topic, meta.partition, meta.base_offset, meta.last_offset);
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        opened.store.put_opts(&key, PutPayload::from(object), create).await.unwrap();
+        let (stored, md) = read_archive_meta(opened.store.as_ref(), &key, Some(object_bytes)).await.unwrap();
+        assert_eq!(stored, meta);
+        assert_eq!(md.num_row_groups(), 10);
+
+        let instrumented = InstrumentedObjectStore::new(Arc::clone(&opened.store));
+        let stats = instrumented.stats();
+        let options = ColdReaderOptions {
+            memory_bytes: 4 * 1024 * 1024,
+            disk_dir: Some(dir.path().join("cache")),
+            disk_bytes: 32 * 1024 * 1024,
+            ..ColdReaderOptions::default()
+        };
+        let reader = ColdReader::new(Arc::new(instrumented), options).await.unwrap();
+        Fixture { _dir: dir, records, key: key.to_string(), object_bytes, stats, reader }
+    }
+
+    fn expected(records: &[Record], from: u64, max: usize) -> Vec<Record> {
+        records.iter().filter(|r| r.offset >= from).take(max).cloned().collect()
+    }
+
+    #[tokio::test]
+    async fn reads_return_exactly_the_archived_records() {
+        let f = fixture(5_000).await;
+        let mut rng = StdRng::seed_from_u64(1);
+        for _ in 0..60 {
+            let from = rng.random_range(4_990..15_010);
+            let max = rng.random_range(1..40);
+            let got = f.reader.read(&f.key, f.object_bytes, from, max).await.unwrap();
+            assert_eq!(got, expected(&f.records, from, max), "from {from}, max {max}");
+        }
+        // Across row group boundaries, from the start, the whole object.
+        let got = f.reader.read(&f.key, f.object_bytes, 5_990, 25).await.unwrap();
+        assert_eq!(got, expected(&f.records, 5_990, 25));
+        let got = f.reader.read(&f.key, f.object_bytes, 0, 3).await.unwrap();
+        assert_eq!(got, expected(&f.records, 0, 3));
+        let all = f.reader.read(&f.key, f.object_bytes, 5_000, 20_000).await.unwrap();
+        assert_eq!(all, f.records);
+        assert!(f.reader.read(&f.key, f.object_bytes, 15_000, 10).await.unwrap().is_empty());
+        assert!(f.reader.read(&f.key, f.object_bytes, 5_000, 0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn reads_fetch_only_the_row_groups_they_need_and_cache_them() {
+        let f = fixture(0).await;
+        let got = f.reader.read(&f.key, f.object_bytes, 9_990, 10).await.unwrap();
+        assert_eq!(got, expected(&f.records, 9_990, 10));
+        let first = f.reader.stats();
+        assert_eq!((first.footer_misses, first.cache_misses, first.cache_hits), (1, 1, 0));
+        let fetched = f.stats.snapshot().bytes_in;
+        assert_eq!(fetched, first.bytes_fetched, "the reader counts what the store served");
+        assert!(
+            fetched * 4 < f.object_bytes,
+            "reading the last 10 records fetched {fetched} of {} bytes",
+            f.object_bytes
+        );
+
+        // The same range again: cache hits, no request at all.
+        let gets = f.stats.snapshot().requests();
+        let again = f.reader.read(&f.key, f.object_bytes, 9_990, 10).await.unwrap();
+        assert_eq!(again, got);
+        let second = f.reader.stats();
+        assert_eq!((second.footer_hits, second.cache_hits, second.cache_misses), (1, 1, 1));
+        assert_eq!(f.stats.snapshot().requests(), gets, "a cached read issues no GET");
+        let text = second.encode_prometheus();
+        assert!(text.contains("silt_tiering_cold_row_groups_total{result=\"hit\"} 1\n"), "{text}");
+        assert!(text.contains("silt_tiering_cold_footers_total{result=\"miss\"} 1\n"), "{text}");
+        assert!(
+            text.contains(&format!("silt_tiering_cold_fetched_bytes_total {}\n", second.bytes_fetched)),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_disk_cache_survives_a_restart() {
+        let f = fixture(0).await;
+        let all = f.reader.read(&f.key, f.object_bytes, 0, 10_000).await.unwrap();
+        assert_eq!(all, f.records);
+        assert_eq!(f.reader.stats().cache_misses, 10);
+        f.reader.close().await.unwrap();
+        let options = f.reader.options.clone();
+        let store = Arc::clone(&f.reader.store);
+        let Fixture { _dir, records, key, object_bytes, stats, reader } = f;
+        drop(reader);
+
+        let reopened = ColdReader::new(store, options).await.unwrap();
+        let gets = stats.snapshot().gets();
+        let again = reopened.read(&key, object_bytes, 0, 10_000).await.unwrap();
+        assert_eq!(again, records);
+        let s = reopened.stats();
+        assert_eq!((s.cache_hits, s.cache_misses), (10, 0), "{s:?}");
+        assert_eq!(stats.snapshot().gets(), gets + 1, "only the footer is fetched again");
+    }
+
+    #[tokio::test]
+    async fn finds_offsets_by_time() {
+        let f = fixture(100).await;
+        let mut rng = StdRng::seed_from_u64(2);
+        let min = f.records.iter().map(|r| r.timestamp_ms).min().unwrap();
+        let max = f.records.iter().map(|r| r.timestamp_ms).max().unwrap();
+        let mut probes: Vec<i64> = (0..30).map(|_| rng.random_range(min - 10..=max + 10)).collect();
+        probes.extend([min, max, max + 1, i64::MIN]);
+        for t in probes {
+            let want = f.records.iter().find(|r| r.timestamp_ms >= t).map(|r| r.offset);
+            assert_eq!(f.reader.offset_for_time(&f.key, f.object_bytes, t).await.unwrap(), want, "t {t}");
+        }
+        // A time past the last record needs the footer only.
+        let before = f.reader.stats().cache_misses + f.reader.stats().cache_hits;
+        assert_eq!(f.reader.offset_for_time(&f.key, f.object_bytes, max + 1).await.unwrap(), None);
+        assert_eq!(f.reader.stats().cache_misses + f.reader.stats().cache_hits, before);
+    }
+
+    #[tokio::test]
+    async fn missing_and_bad_objects_are_clear_errors() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let reader = ColdReader::new(Arc::clone(&store), ColdReaderOptions::default()).await.unwrap();
+        let err = reader.read("topic=a/partition=0/missing.parquet", 1000, 0, 10).await.unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+        store.put(&Path::from("junk"), PutPayload::from_static(b"0123456789abcdef")).await.unwrap();
+        let err = reader.read("junk", 16, 0, 10).await.unwrap_err();
+        assert!(matches!(err, TieringError::InvalidArchive(_)), "{err}");
+        assert!(reader.read("a//b", 16, 0, 1).await.is_err());
+        let bad = ColdReaderOptions { concurrency_max: 0, ..ColdReaderOptions::default() };
+        assert!(ColdReader::new(store, bad).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn concurrent_reads_share_one_fetch() {
+        let faulty = FaultInjectingObjectStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig {
+                error_rate: 1.0,
+                kinds: vec![FaultKind::SlowGet],
+                slow_get_ms: 50,
+                ..FaultConfig::default()
+            },
+        );
+        let instrumented = InstrumentedObjectStore::new(Arc::new(faulty));
+        let stats = instrumented.stats();
+        let store: Arc<dyn ObjectStore> = Arc::new(instrumented);
+        let records = random_records(9, 0, 3000);
+        let object = encode_archive(&meta_for(&records), &records, &ArchiveWriterOptions::default()).unwrap();
+        let bytes = object.len() as u64;
+        store.put(&Path::from("o.parquet"), PutPayload::from(object)).await.unwrap();
+        let reader = Arc::new(ColdReader::new(store, ColdReaderOptions::default()).await.unwrap());
+        let reads = (0..8).map(|i| {
+            let reader = Arc::clone(&reader);
+            tokio::spawn(async move { reader.read("o.parquet", bytes, i * 100, 50).await })
+        });
+        for (i, read) in futures::future::join_all(reads).await.into_iter().enumerate() {
+            assert_eq!(read.unwrap().unwrap(), expected(&records, i as u64 * 100, 50));
+        }
+        let s = reader.stats();
+        assert_eq!((s.footer_misses, s.cache_misses), (1, 1), "{s:?}");
+        assert_eq!(stats.snapshot().gets(), 2, "one footer GET and one row group GET for 8 readers");
+    }
+
+    #[tokio::test]
+    async fn archives_round_trip_through_a_failing_store() {
+        let faulty = FaultInjectingObjectStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig { error_rate: 0.3, seed: 11, slow_get_ms: 2, ..FaultConfig::default() },
+        );
+        let config = RetryConfig {
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(8),
+            ..RetryConfig::default()
+        };
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(RetryingObjectStore::new(Arc::new(faulty)).with_config(config).with_seed(3));
+        let reader = ColdReader::new(Arc::clone(&store), ColdReaderOptions::default()).await.unwrap();
+        for (i, base) in [0u64, 700, 1900].into_iter().enumerate() {
+            let records = random_records(i as u64, base, 700);
+            let meta = meta_for(&records);
+            let opts = ArchiveWriterOptions { row_group_rows_max: 128, ..Default::default() };
+            let object = encode_archive(&meta, &records, &opts).unwrap();
+            let bytes = object.len() as u64;
+            let key = object_key(&Path::from("silt"), &meta.topic, meta.partition, base, meta.last_offset);
+            // Overwrite puts: a lost reply is simply written again.
+            store.put(&key, PutPayload::from(object)).await.unwrap();
+            let (stored, _) = read_archive_meta(store.as_ref(), &key, None).await.unwrap();
+            assert_eq!(stored, meta);
+            let mut got = Vec::new();
+            while got.len() < records.len() {
+                let from = got.last().map_or(base, |r: &Record| r.offset + 1);
+                got.extend(reader.read(key.as_ref(), bytes, from, 97).await.unwrap());
+            }
+            assert_eq!(got, records);
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_only_cache_evicts_but_stays_correct() {
+        let f = fixture(0).await;
+        let options = ColdReaderOptions { memory_bytes: 64 * 1024, ..ColdReaderOptions::default() };
+        let small = ColdReader::new(Arc::clone(&f.reader.store), options).await.unwrap();
+        for from in [0u64, 5_000, 9_000, 0] {
+            let got = small.read(&f.key, f.object_bytes, from, 1500).await.unwrap();
+            assert_eq!(got, expected(&f.records, from, 1500));
+        }
+    }
+}
