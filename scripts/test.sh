@@ -24,8 +24,9 @@ cargo fmt --all --check
 echo "== lints"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== build the silt binary for the end-to-end tests"
-cargo build -p silt --locked
+echo "== build everything (the end-to-end tests start the silt binary built here)"
+# --all-targets resolves features as the test build does, so the tests reuse this build.
+cargo build --workspace --all-targets --locked
 
 echo "== S3 emulators and Arrow tools for the tiering tests"
 cleanup() {

@@ -79,28 +79,29 @@ pub async fn init(url: &str, versioning: bool) -> Result<InitReport> {
     let settings = BucketSettings::default();
     let mut steps = Vec::new();
 
-    let mut create = s3.create_bucket().bucket(&bucket);
-    if region != "us-east-1" {
-        create = create.create_bucket_configuration(
-            aws_sdk_s3::types::CreateBucketConfiguration::builder()
-                .location_constraint(aws_sdk_s3::types::BucketLocationConstraint::from(region.as_str()))
-                .build(),
-        );
-    }
-    match create.send().await {
-        Ok(_) => steps.push(("create bucket".into(), "created".into())),
-        Err(e) => {
-            let service = e.as_service_error();
-            if service.is_some_and(|s| s.is_bucket_already_owned_by_you()) {
+    // us-east-1 answers 200 to re-creating a bucket you own, so look before creating.
+    let exists = s3.head_bucket().bucket(&bucket).send().await.is_ok();
+    if exists {
+        steps.push(("create bucket".into(), "exists".into()));
+    } else {
+        let mut create = s3.create_bucket().bucket(&bucket);
+        if region != "us-east-1" {
+            create = create.create_bucket_configuration(
+                aws_sdk_s3::types::CreateBucketConfiguration::builder()
+                    .location_constraint(aws_sdk_s3::types::BucketLocationConstraint::from(region.as_str()))
+                    .build(),
+            );
+        }
+        match create.send().await {
+            Ok(_) => steps.push(("create bucket".into(), "created".into())),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_owned_by_you()) => {
                 steps.push(("create bucket".into(), "exists".into()));
-            } else if service.is_some_and(|s| s.is_bucket_already_exists()) {
+            }
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_bucket_already_exists()) => {
                 bail!("bucket '{bucket}' exists and belongs to another account; choose another name");
-            } else {
-                // Some stores answer 409 without a modeled code; check we can use the bucket.
-                s3.head_bucket().bucket(&bucket).send().await.with_context(|| {
-                    format!("cannot create bucket '{bucket}': {}", aws_sdk_s3::error::DisplayErrorContext(&e))
-                })?;
-                steps.push(("create bucket".into(), "exists".into()));
+            }
+            Err(e) => {
+                bail!("cannot create bucket '{bucket}': {}", aws_sdk_s3::error::DisplayErrorContext(&e))
             }
         }
     }

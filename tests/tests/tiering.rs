@@ -348,3 +348,126 @@ async fn archive_round_trip_seaweedfs_with_faults() {
 async fn archive_round_trip_localstack() {
     round_trip(Backend::LocalStack, false).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_expired_archives_and_replay_skips_them() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    let config: BTreeMap<String, String> = [
+        ("segment.bytes", "65536"),
+        ("segment.ms", "200"),
+        ("retention.ms", "3600000"),
+        ("local.retention.ms", "0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    client.create_topic("old", 1, &config).await.expect("create");
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    // Two hours old: past retention.ms as soon as it is archived.
+    let old: Vec<OutMessage> = (0..400)
+        .map(|i| OutMessage {
+            value: Some(format!("{i:01000}")),
+            timestamp: Some(now - 7_200_000 + i),
+            ..Default::default()
+        })
+        .collect();
+    // Several requests, so several segments (a segment rolls between batches, never inside one).
+    for chunk in old.chunks(50) {
+        client.produce("old", chunk).await.expect("produce");
+    }
+    let objects = dev.data_dir().join("objects").join("topic=old").join("partition=0");
+    let parquet_files = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().filter(|f| f.path().extension().is_some_and(|e| e == "parquet")).count())
+            .unwrap_or(0)
+    };
+    // Archived first (objects appear and metadata lists them) ...
+    let metrics_say = |name: &'static str| {
+        let client = client.clone();
+        async move {
+            let text = client.metrics().await.ok()?;
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        }
+    };
+    let archived = wait_for("the old segments to be archived", Duration::from_secs(60), || async {
+        metrics_say("silt_compactor_segments_archived_total").await.filter(|n| *n >= 2)
+    })
+    .await;
+    // ... then expired: metadata forgets them and the objects are deleted.
+    wait_for("the expired archives to be deleted", Duration::from_secs(60), || async {
+        let expired = metrics_say("silt_compactor_segments_expired_total").await?;
+        let listed = client.archive_list("old").await.ok()?.len();
+        (expired >= archived && listed == 0 && parquet_files(&objects) == 0).then_some(())
+    })
+    .await;
+    let page = client.replay("old", 0, Some(0), None, 100).await.expect("replay");
+    assert!(page.messages.is_empty(), "expired records are gone: {:?}", page.messages.first());
+    // New data is served from where the log continues; the expired range is skipped.
+    let ids = client
+        .produce(
+            "old",
+            &[OutMessage { value: Some("fresh".into()), timestamp: Some(now), ..Default::default() }],
+        )
+        .await
+        .expect("produce");
+    assert_eq!(ids, vec!["old/0/400".to_string()]);
+    let page = client.replay("old", 0, Some(0), None, 100).await.expect("replay");
+    let got: Vec<(u64, Option<String>)> = page.messages.iter().map(|m| (m.offset, m.value.clone())).collect();
+    assert_eq!(got, vec![(400, Some("fresh".to_string()))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_init_creates_and_configures_the_bucket() {
+    let Some(endpoint) = required("SILT_TEST_LOCALSTACK_ENDPOINT") else { return };
+    let bucket = format!("silt-init-{}", std::process::id());
+    let run = || {
+        let out = Command::new(silt_bin())
+            .args(["bucket", "init", &format!("s3://{bucket}/archive"), "--versioning"])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", &endpoint)
+            .output()
+            .expect("run silt bucket init");
+        assert!(out.status.success(), "bucket init failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("report")
+    };
+    let first = run();
+    let steps: BTreeMap<String, String> = first["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (s[0].as_str().unwrap_or_default().to_string(), s[1].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    assert_eq!(steps["create bucket"], "created", "{first}");
+    for step in ["block public access", "default encryption", "lifecycle", "versioning"] {
+        assert_eq!(steps[step], "applied", "{step}: {first}");
+    }
+    // Running it again changes nothing and succeeds.
+    let second = run();
+    assert_eq!(second["steps"][0][1], "exists", "{second}");
+    // Read the settings back from the store itself.
+    let http = reqwest::Client::new();
+    let get = |q: &'static str| {
+        let http = http.clone();
+        let url = format!("{endpoint}/{bucket}?{q}");
+        async move { http.get(url).send().await.expect("get").text().await.expect("body") }
+    };
+    assert!(get("encryption").await.contains("AES256"));
+    let lifecycle = get("lifecycle").await;
+    assert!(lifecycle.contains("<DaysAfterInitiation>1</DaysAfterInitiation>"), "{lifecycle}");
+    assert!(lifecycle.contains("<Prefix>archive</Prefix>"), "{lifecycle}");
+    assert!(get("versioning").await.contains("Enabled"));
+    let pab = get("publicAccessBlock").await;
+    assert!(pab.contains("<BlockPublicAcls>true</BlockPublicAcls>"), "{pab}");
+    // A URL that is not s3:// is refused with a clear message.
+    let out = Command::new(silt_bin()).args(["bucket", "init", "file:///tmp/x"]).output().expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an s3:// URL"));
+}

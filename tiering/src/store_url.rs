@@ -54,6 +54,15 @@ pub fn object_store_from_url(url: &str) -> Result<ObjectStoreUrl, TieringError> 
     open(url, &env)
 }
 
+/// Like [`object_store_from_url`], with the `AWS_*` settings taken from `env` instead of the
+/// process environment (for tools and tests that talk to several stores).
+pub fn object_store_from_url_with_env(
+    url: &str,
+    env: &[(String, String)],
+) -> Result<ObjectStoreUrl, TieringError> {
+    open(url, env)
+}
+
 fn invalid(url: &str, reason: impl Into<String>) -> TieringError {
     TieringError::InvalidUrl { url: url.to_string(), reason: reason.into() }
 }
