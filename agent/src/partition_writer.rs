@@ -218,15 +218,7 @@ impl PartitionWriter {
             // A fresh replica (new disk, or metadata rebuilt from the bucket): earlier offsets
             // are archived or on other replicas; this log starts where the next segment does.
             info!(from = local_next, to = next_base, "starting an empty local log at the partition's end");
-            let mut log = self.log.take().expect("present");
-            let (log, result) = tokio::task::spawn_blocking(move || {
-                let r = log.restart_empty_at(next_base);
-                (log, r)
-            })
-            .await
-            .map_err(|e| StoreError::Failed(format!("reset task panicked: {e}")))?;
-            self.log = Some(log);
-            result?;
+            self.on_log("reset", move |log| log.restart_empty_at(next_base)).await?;
         }
         let local_next = self.log().next_offset();
         if local_next != next_base {
@@ -235,15 +227,7 @@ impl PartitionWriter {
             )));
         }
         if self.log().active().record_count() > 0 {
-            let mut log = self.log.take().expect("present");
-            let (log, result) = tokio::task::spawn_blocking(move || {
-                let r = log.roll();
-                (log, r)
-            })
-            .await
-            .map_err(|e| StoreError::Failed(format!("roll task panicked: {e}")))?;
-            self.log = Some(log);
-            result?;
+            self.on_log("roll", |log| log.roll()).await?;
         }
         self.metadata.write(self.open_command()).await?;
         Ok(())
@@ -319,15 +303,15 @@ impl PartitionWriter {
     async fn process(&mut self, group: Vec<AppendRequest>) {
         let mut pending = group.into_iter().peekable();
         while pending.peek().is_some() {
-            if let Err(e) = self.finish_pending_roll().await {
-                for r in pending {
-                    let _ = r.reply.send(Err(StoreError::Failed(e.to_string())));
-                }
-                return;
-            }
             if let Some(reason) = &self.failed {
                 for r in pending {
                     let _ = r.reply.send(Err(StoreError::Failed(reason.clone())));
+                }
+                return;
+            }
+            if let Err(e) = self.finish_pending_roll().await {
+                for r in pending {
+                    let _ = r.reply.send(Err(StoreError::Failed(e.to_string())));
                 }
                 return;
             }
@@ -350,33 +334,17 @@ impl PartitionWriter {
             let (batches, replies): (Vec<RecordBatch>, Vec<_>) =
                 chunk.into_iter().map(|r| (r.batch, (r.reply, r.permit))).unzip();
             let epoch = self.epoch;
-            let mut log = self.log.take().expect("present");
             let started = Instant::now();
-            let joined = tokio::task::spawn_blocking(move || {
-                let r = log.append_and_sync(batches, epoch);
-                (log, r)
-            })
-            .await;
-            let (log, result) = match joined {
-                Ok(v) => v,
-                Err(e) => {
-                    // The log moved into the panicked task; nothing more can be written here.
-                    error!(error = %e, "append task panicked; the partition stops accepting writes");
-                    self.failed = Some(format!("append task panicked: {e}"));
-                    for (reply, _permit) in replies {
-                        let _ = reply.send(Err(StoreError::Failed("append task panicked".into())));
-                    }
-                    for r in pending {
-                        let _ = r.reply.send(Err(StoreError::Failed("append task panicked".into())));
-                    }
-                    return;
-                }
-            };
+            let result = self
+                .on_log("append", move |log| {
+                    let ranges = log.append_and_sync(batches, epoch)?;
+                    log.publish();
+                    Ok(ranges)
+                })
+                .await;
             self.metrics.fsync_seconds.observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(ranges) => {
-                    log.publish();
-                    self.log = Some(log);
                     self.first_append_at.get_or_insert_with(Instant::now);
                     for ((reply, _permit), range) in replies.into_iter().zip(ranges) {
                         let _ = reply.send(Ok(range));
@@ -384,8 +352,7 @@ impl PartitionWriter {
                 }
                 Err(e) => {
                     error!(error = %e, "write failed; the partition stops accepting writes on this agent");
-                    self.failed = Some(e.to_string());
-                    self.log = Some(log);
+                    self.failed.get_or_insert_with(|| e.to_string());
                     for (reply, _permit) in replies {
                         let _ = reply.send(Err(StoreError::Failed(e.to_string())));
                     }
@@ -463,24 +430,9 @@ impl PartitionWriter {
             drop_before = Some(*next);
         }
         let Some(before) = drop_before else { return };
-        let mut log = self.log.take().expect("present");
-        let joined = tokio::task::spawn_blocking(move || {
-            let r = log.delete_before(before);
-            (log, r)
-        })
-        .await;
-        match joined {
-            Ok((log, result)) => {
-                self.log = Some(log);
-                match result {
-                    Ok(n) => info!(segments = n, before, "dropped local copies of archived segments"),
-                    Err(e) => warn!(error = %e, "dropping local copies of archived segments failed"),
-                }
-            }
-            Err(e) => {
-                error!(error = %e, "trim task panicked; the partition stops accepting writes");
-                self.failed = Some(format!("trim task panicked: {e}"));
-            }
+        match self.on_log("trim", move |log| log.delete_before(before)).await {
+            Ok(n) => info!(segments = n, before, "dropped local copies of archived segments"),
+            Err(e) => warn!(error = %e, "dropping local copies of archived segments failed"),
         }
     }
 
@@ -495,15 +447,8 @@ impl PartitionWriter {
             max_timestamp_ms: s.max_timestamp_ms(),
             next_base: s.next_offset(),
         };
-        let mut log = self.log.take().expect("present");
-        let joined = tokio::task::spawn_blocking(move || {
-            let r = log.roll();
-            (log, r)
-        })
-        .await;
-        match joined {
-            Ok((log, Ok(()))) => {
-                self.log = Some(log);
+        match self.on_log("roll", |log| log.roll()).await {
+            Ok(()) => {
                 self.first_append_at = None;
                 info!(base_offset = summary.base_offset, records = summary.record_count, "segment sealed");
                 self.roll_pending = Some(summary);
@@ -511,14 +456,38 @@ impl PartitionWriter {
                     warn!(error = %e, "recording a segment roll in metadata failed; will retry");
                 }
             }
-            Ok((log, Err(e))) => {
+            Err(e) => {
                 error!(error = %e, "sealing a segment failed; the partition stops accepting writes");
-                self.failed = Some(e.to_string());
+                self.failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+
+    /// Runs `f` on the log on the blocking pool: file I/O and fsync must not stall the runtime.
+    /// A panic there loses the log, so the partition is marked failed and refuses every write.
+    async fn on_log<T: Send + 'static>(
+        &mut self,
+        what: &'static str,
+        f: impl FnOnce(&mut PartitionLog) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let Some(mut log) = self.log.take() else {
+            return Err(StoreError::Failed(self.failed.clone().unwrap_or_else(|| "the log is gone".into())));
+        };
+        match tokio::task::spawn_blocking(move || {
+            let r = f(&mut log);
+            (log, r)
+        })
+        .await
+        {
+            Ok((log, r)) => {
                 self.log = Some(log);
+                r
             }
             Err(e) => {
-                error!(error = %e, "roll task panicked; the partition stops accepting writes");
-                self.failed = Some(format!("roll task panicked: {e}"));
+                let reason = format!("{what} task panicked: {e}");
+                error!(%reason, "the partition stops accepting writes");
+                self.failed = Some(reason.clone());
+                Err(StoreError::Failed(reason))
             }
         }
     }

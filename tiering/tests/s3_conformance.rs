@@ -17,18 +17,23 @@ fn endpoint(var: &str) -> Option<String> {
     }
 }
 
-async fn s3(endpoint_var: &str, secret: &str) {
-    let Some(endpoint) = endpoint(endpoint_var) else { return };
-    let env: Vec<(String, String)> = [
+/// The `AWS_*` settings for an emulator on `endpoint`.
+fn aws_env(endpoint: &str, secret: &str) -> Vec<(String, String)> {
+    [
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", secret),
         ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ENDPOINT_URL", endpoint),
         ("AWS_ALLOW_HTTP", "true"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    .collect()
+}
+
+async fn s3(endpoint_var: &str, secret: &str) {
+    let Some(endpoint) = endpoint(endpoint_var) else { return };
+    let env = aws_env(&endpoint, secret);
     let url = object_store_from_url_with_env("s3://silt-test/conformance", &env).expect("open the emulator");
     run_conformance(url.store, &url.prefix).await.expect("conformance");
 }
@@ -53,16 +58,7 @@ async fn conformance_localstack() {
 #[tokio::test]
 async fn seaweedfs_rejects_a_wrong_secret() {
     let Some(endpoint) = endpoint("SILT_TEST_SEAWEEDFS_ENDPOINT") else { return };
-    let env: Vec<(String, String)> = [
-        ("AWS_ACCESS_KEY_ID", "test"),
-        ("AWS_SECRET_ACCESS_KEY", "not-the-secret"),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT_URL", endpoint.as_str()),
-        ("AWS_ALLOW_HTTP", "true"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let env = aws_env(&endpoint, "not-the-secret");
     let url = object_store_from_url_with_env("s3://silt-test/conformance", &env).expect("open");
     let err = url.store.head(&url.prefix.child("nothing")).await.expect_err("a bad signature is refused");
     assert!(
