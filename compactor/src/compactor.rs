@@ -280,7 +280,7 @@ impl Compactor {
         let len = object.len() as u64;
         let result = if len <= self.inner.config.single_put_bytes_max {
             let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-            store.put_opts(key, PutPayload::from(object), opts).await.map(|_| ())
+            store.put_opts(key, PutPayload::from(object.clone()), opts).await.map(|_| ())
         } else {
             // Multipart uploads cannot be conditional everywhere; check first instead. Only one
             // compactor archives a segment, so the check cannot race with another writer.
@@ -288,7 +288,7 @@ impl Compactor {
                 Ok(_) => {
                     Err(object_store::Error::AlreadyExists { path: key.to_string(), source: "exists".into() })
                 }
-                Err(object_store::Error::NotFound { .. }) => self.multipart(key, object).await,
+                Err(object_store::Error::NotFound { .. }) => self.multipart(key, object.clone()).await,
                 Err(e) => Err(e),
             }
         };
@@ -298,15 +298,36 @@ impl Compactor {
                 let (existing, _) = read_archive_meta(store.as_ref(), key, None).await?;
                 if &existing == meta {
                     info!(object = %key, "the object is already in the bucket from an earlier attempt; keeping it");
-                    Ok(())
-                } else {
-                    Err(CompactorError::Mismatch {
+                    return Ok(());
+                }
+                // Metadata is the truth: an object no segment points at is an orphan (left by a
+                // deleted topic of the same name) and may be replaced. One that is referenced
+                // never is.
+                let key_text = key.to_string();
+                let referenced = self.inner.metadata.read_local(|s| {
+                    s.topics.values().any(|t| {
+                        t.partitions.iter().any(|p| {
+                            p.segments
+                                .values()
+                                .any(|seg| seg.object_key.as_deref() == Some(key_text.as_str()))
+                        })
+                    })
+                });
+                if referenced {
+                    return Err(CompactorError::Mismatch {
                         topic: meta.topic.clone(),
                         partition: meta.partition,
                         base_offset: meta.base_offset,
                         reason: format!("{key} already exists with different contents: {existing:?}"),
-                    })
+                    });
                 }
+                warn!(object = %key, "replacing an orphaned object that no segment refers to");
+                if len <= self.inner.config.single_put_bytes_max {
+                    store.put(key, PutPayload::from(object)).await?;
+                } else {
+                    self.multipart(key, object).await?;
+                }
+                Ok(())
             }
             Err(e) => Err(e.into()),
         }

@@ -18,6 +18,7 @@
 //! - **`replay`:** every record through `ColdReader::read` in pages of 10,000 records, with a new
 //!   memory-only `ColdReader` (default options) for each pass, so every row group and the footer
 //!   are fetched again. Throughput is counted in the same object bytes as `raw_get`.
+//!   `SILT_BENCH_PAGE_RECORDS` changes the page size (the replay API's default is 1,000).
 //! - **`replay_warm_cache`** (file store only): the same with a reader whose cache already holds
 //!   every row group, so it measures decoding alone.
 //!
@@ -42,9 +43,10 @@ use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, WriteMultipart}
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use silt_record::{BatchBuilder, Header, NewRecord, Record};
+use silt_tiering::store_url::object_store_from_url_with_env;
 use silt_tiering::{
-    encode_archive, object_key, object_store_from_url, read_archive_meta, ArchiveMeta, ArchiveWriterOptions,
-    ColdReader, ColdReaderOptions, InstrumentedObjectStore, ObjectStoreStats,
+    encode_archive, object_key, read_archive_meta, ArchiveMeta, ArchiveWriterOptions, ColdReader,
+    ColdReaderOptions, InstrumentedObjectStore, ObjectStoreStats,
 };
 
 /// Records archived: 64 MiB of 1 KiB records.
@@ -56,7 +58,7 @@ const VALUE_BYTES: usize = 973;
 const RECORD_BYTES: usize = 1024;
 /// Raw record batches are at most this large (what producers and the agent write).
 const BATCH_BYTES_MAX: usize = 64 * 1024;
-/// Records per `ColdReader::read` call.
+/// Records per `ColdReader::read` call, unless `SILT_BENCH_PAGE_RECORDS` says otherwise.
 const PAGE_RECORDS: usize = 10_000;
 const BASE_OFFSET: u64 = 1_000_000;
 const TOPIC: &str = "bench";
@@ -298,11 +300,12 @@ async fn upload(target: &mut Target, object: &Bytes, meta: &ArchiveMeta) {
 
 /// Every record of the object through a cold reader, page by page; returns the records read.
 async fn replay(reader: &ColdReader, target: &Target, mut check: Option<&[Record]>) -> u64 {
+    let page_records = page_records();
     let mut from = BASE_OFFSET;
     let mut count = 0u64;
     loop {
         let page = reader
-            .read(target.key.as_ref(), target.object_bytes, from, PAGE_RECORDS)
+            .read(target.key.as_ref(), target.object_bytes, from, page_records)
             .await
             .expect("cold read");
         let Some(last) = page.last() else { break };
@@ -315,6 +318,14 @@ async fn replay(reader: &ColdReader, target: &Target, mut check: Option<&[Record
     }
     assert_eq!(count, RECORDS as u64, "every record replayed");
     count
+}
+
+fn page_records() -> usize {
+    std::env::var("SILT_BENCH_PAGE_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(PAGE_RECORDS)
 }
 
 async fn cold_reader(store: &Arc<dyn ObjectStore>) -> ColdReader {
@@ -388,12 +399,19 @@ fn bench_replay_warm(group: &mut BenchmarkGroup<'_, WallTime>, rt: &tokio::runti
     });
 }
 
-/// Opens every store before the runtime starts (opening reads the environment, which may be
-/// set here for each S3 endpoint).
+/// Opens every store: the file store, and one S3 store per endpoint, with the process's `AWS_*`
+/// variables and that endpoint as `AWS_ENDPOINT`.
 fn open_targets(dir: &std::path::Path, meta: &ArchiveMeta) -> Vec<Target> {
     let mut targets = Vec::new();
-    let mut open = |name: String, url: String| {
-        let opened = object_store_from_url(&url).unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
+    let process_env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k != "AWS_ENDPOINT")
+        .collect();
+    let mut open = |name: String, url: String, endpoint: Option<&str>| {
+        let mut env = process_env.clone();
+        env.extend(endpoint.map(|e| ("AWS_ENDPOINT".to_string(), e.to_string())));
+        let opened =
+            object_store_from_url_with_env(&url, &env).unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
         let instrumented = InstrumentedObjectStore::new(opened.store);
         let stats = instrumented.stats();
         let key = object_key(&opened.prefix, &meta.topic, meta.partition, meta.base_offset, meta.last_offset);
@@ -408,7 +426,7 @@ fn open_targets(dir: &std::path::Path, meta: &ArchiveMeta) -> Vec<Target> {
             verify_reads: 0,
         });
     };
-    open("file".into(), format!("file://{}", dir.join("bucket").display()));
+    open("file".into(), format!("file://{}", dir.join("bucket").display()), None);
     if let Ok(endpoints) = std::env::var("SILT_BENCH_S3_ENDPOINT") {
         let bucket = std::env::var("SILT_BENCH_S3_BUCKET").unwrap_or_else(|_| "silt-test".into());
         let unique = format!(
@@ -417,12 +435,10 @@ fn open_targets(dir: &std::path::Path, meta: &ArchiveMeta) -> Vec<Target> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis())
         );
         for (i, endpoint) in endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
-            // object_store_from_url reads AWS_ENDPOINT first; nothing else runs yet.
-            std::env::set_var("AWS_ENDPOINT", endpoint);
             let host = endpoint.rsplit('/').next().unwrap_or(endpoint);
             let name = format!("s3_{}", host.rsplit(':').next().unwrap_or(&i.to_string()));
             println!("{name}: s3://{bucket}/{unique} at {endpoint}");
-            open(name, format!("s3://{bucket}/{unique}"));
+            open(name, format!("s3://{bucket}/{unique}"), Some(endpoint));
         }
     }
     targets
@@ -521,7 +537,8 @@ fn main() {
     });
     drop(records);
 
-    println!("\nrecords: {RECORDS} of {RECORD_BYTES} bytes (key {KEY_BYTES}, one header, value {VALUE_BYTES}), generated in {generated:.2?}");
+    println!("\nreplay pages of {} records", page_records());
+    println!("records: {RECORDS} of {RECORD_BYTES} bytes (key {KEY_BYTES}, one header, value {VALUE_BYTES}), generated in {generated:.2?}");
     println!("raw record batches (<= 64 KiB each): {raw_bytes} bytes");
     println!(
         "archive: {object_bytes} bytes, {footer_rows} rows in {row_groups} row groups, encoded in {encoded:.2?} ({:.1} MB/s of raw bytes)",
