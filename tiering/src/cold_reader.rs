@@ -64,6 +64,9 @@ pub struct ColdReaderOptions {
     pub concurrency_max: usize,
     /// Memory for parsed footers.
     pub footer_memory_bytes: usize,
+    /// Memory for decoded row groups, so that consecutive small reads (a consumer polling 100
+    /// records at a time) decode each row group once.
+    pub decoded_memory_bytes: usize,
 }
 
 impl Default for ColdReaderOptions {
@@ -74,6 +77,7 @@ impl Default for ColdReaderOptions {
             disk_bytes: 1024 * 1024 * 1024,
             concurrency_max: 8,
             footer_memory_bytes: 16 * 1024 * 1024,
+            decoded_memory_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -290,6 +294,7 @@ pub struct ColdReader {
     store: Arc<dyn ObjectStore>,
     row_groups: HybridCache<RowGroupKey, RowGroupBytes>,
     footers: Cache<(String, u64), Arc<Footer>>,
+    decoded: Cache<RowGroupKey, Arc<DecodedRowGroup>>,
     fetch_permits: Arc<Semaphore>,
     counters: Arc<Counters>,
     options: ColdReaderOptions,
@@ -351,10 +356,15 @@ impl ColdReader {
             .with_shards(1)
             .with_weighter(|k: &(String, u64), v: &Arc<Footer>| k.0.len() + v.metadata.memory_size())
             .build();
+        let decoded = CacheBuilder::new(options.decoded_memory_bytes.max(1))
+            .with_shards(1)
+            .with_weighter(|k: &RowGroupKey, v: &Arc<DecodedRowGroup>| k.object_key.len() + 64 + v.bytes)
+            .build();
         Ok(ColdReader {
             store,
             row_groups,
             footers,
+            decoded,
             fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
             counters: Arc::default(),
             options,
@@ -402,37 +412,71 @@ impl ColdReader {
             if stats.is_some_and(|s| s.max_offset < from_offset) {
                 continue;
             }
-            let bytes = self.row_group(object_key, object_bytes, &footer, rg).await?;
-            let want = max_records - out.len();
-            // Offsets are contiguous in practice: then the first row needed is known and the
-            // rows before it are skipped without being materialized.
-            let skip = match stats {
-                Some(s) if s.is_contiguous() && from_offset > s.min_offset => {
-                    (from_offset - s.min_offset) as usize
-                }
-                _ => 0,
-            };
-            let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
-                footer.arrow.clone(),
-            )
-            .with_row_groups(vec![rg])
-            .with_offset(skip)
-            .with_limit(want)
-            .with_batch_size(want.min(BATCH_ROWS_MAX))
-            .build()?;
-            while let Some(batch) = stream.next().await {
-                for record in decode_records(&batch?)? {
-                    if record.offset >= from_offset && out.len() < max_records {
-                        out.push(record);
-                    }
-                }
-                if out.len() >= max_records {
-                    return Ok(out);
-                }
+            let decoded = self.decoded_row_group(object_key, object_bytes, &footer, rg).await?;
+            let start = decoded.records.partition_point(|r| r.offset < from_offset);
+            let take = (max_records - out.len()).min(decoded.records.len() - start);
+            out.extend(decoded.records[start..start + take].iter().cloned());
+            if out.len() >= max_records {
+                break;
             }
         }
         Ok(out)
+    }
+
+    /// Every record of one row group, decoded once on the blocking pool and kept in a memory
+    /// cache; keys and values are reference-counted, so handing out records copies no payload.
+    async fn decoded_row_group(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        footer: &Arc<Footer>,
+        rg: usize,
+    ) -> Result<Arc<DecodedRowGroup>, TieringError> {
+        let key = RowGroupKey {
+            object_key: object_key.to_string(),
+            object_bytes,
+            row_group: u32::try_from(rg)
+                .map_err(|_| TieringError::InvalidArchive("too many row groups".into()))?,
+        };
+        if let Some(entry) = self.decoded.get(&key) {
+            bump(&self.counters.cache_hits, 1);
+            return Ok(Arc::clone(entry.value()));
+        }
+        let bytes = self.row_group(object_key, object_bytes, footer, rg).await?;
+        let footer = Arc::clone(footer);
+        // Decoding is CPU work over bytes already in memory: keep it off the async workers.
+        let decoded = tokio::task::spawn_blocking(move || {
+            futures::executor::block_on(async move {
+                let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                    CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
+                    footer.arrow.clone(),
+                )
+                .with_row_groups(vec![rg])
+                .with_batch_size(BATCH_ROWS_MAX)
+                .build()?;
+                let mut records = Vec::new();
+                while let Some(batch) = stream.next().await {
+                    records.extend(decode_records(&batch?)?);
+                }
+                let bytes = records
+                    .iter()
+                    .map(|r: &Record| {
+                        64 + r.key.as_ref().map_or(0, Bytes::len)
+                            + r.value.as_ref().map_or(0, Bytes::len)
+                            + r.headers
+                                .iter()
+                                .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len) + 32)
+                                .sum::<usize>()
+                    })
+                    .sum();
+                Ok::<_, TieringError>(DecodedRowGroup { records, bytes })
+            })
+        })
+        .await
+        .map_err(|e| TieringError::Cache(format!("decoding a row group panicked: {e}")))??;
+        let decoded = Arc::new(decoded);
+        self.decoded.insert(key, Arc::clone(&decoded));
+        Ok(decoded)
     }
 
     /// The offset of the first record (in offset order) of the archive whose timestamp is at
@@ -558,6 +602,14 @@ impl ColdReader {
             Err(e) => Err(outcome.error("fetching a row group", e)),
         }
     }
+}
+
+/// One row group's records, decoded.
+#[derive(Debug)]
+struct DecodedRowGroup {
+    records: Vec<Record>,
+    /// Approximate memory held, for the cache's weighter.
+    bytes: usize,
 }
 
 /// What happened to one call's cache fetch: whether it ran (a miss, not a hit) and the error
