@@ -24,6 +24,9 @@ use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
 use crate::metrics::{LagLabels, Metrics};
 use crate::partition_log::PartitionLog;
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::ObjectStore;
 use silt_tiering::cold_reader::ColdReader;
 use silt_tiering::locate::{locate, Location};
 
@@ -139,6 +142,19 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Reads archived segments; `None` when no object store is configured.
     cold: Option<Arc<ColdReader>>,
+    /// The bucket and prefix, to delete a deleted topic's objects.
+    archive_store: Option<(Arc<dyn ObjectStore>, Path)>,
+}
+
+/// The archive an agent reads from: the cold reader, and the bucket it reads.
+#[derive(Clone)]
+pub struct Archive {
+    /// Reads archived segments through the cache.
+    pub cold: Arc<ColdReader>,
+    /// The bucket.
+    pub store: Arc<dyn ObjectStore>,
+    /// Where Silt's objects live in it.
+    pub prefix: Path,
 }
 
 fn now_ms() -> u64 {
@@ -156,9 +172,11 @@ impl Agent {
         config: AgentConfig,
         metadata: MetadataNode,
         metrics: Arc<Metrics>,
-        cold: Option<Arc<ColdReader>>,
+        archive: Option<Archive>,
         cancel: CancellationToken,
     ) -> Result<Agent, StoreError> {
+        let cold = archive.as_ref().map(|a| Arc::clone(&a.cold));
+        let archive_store = archive.map(|a| (a.store, a.prefix));
         let agent = Agent {
             inner: Arc::new(Inner {
                 config,
@@ -173,6 +191,7 @@ impl Agent {
                 cancel,
                 tasks: Mutex::new(Vec::new()),
                 cold,
+                archive_store,
             }),
         };
         let (topics, next_topic_id): (Vec<Topic>, u64) =
@@ -326,6 +345,24 @@ impl Agent {
         // Writers notice their channel closed and stop; their files go with the directory.
         if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
             warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
+        }
+        // Metadata no longer points at the topic's objects: delete them (listing is fine for an
+        // admin operation). A failure leaves orphans, which cost storage only: the compactor
+        // replaces an object no segment refers to.
+        if let Some((store, prefix)) = &self.inner.archive_store {
+            let topic_prefix = prefix.child(format!("topic={name}"));
+            let listed: Result<Vec<object_store::ObjectMeta>, _> =
+                store.list(Some(&topic_prefix)).try_collect().await;
+            match listed {
+                Ok(objects) => {
+                    for o in objects {
+                        if let Err(e) = store.delete(&o.location).await {
+                            warn!(error = %e, object = %o.location, "deleting an object of a deleted topic failed");
+                        }
+                    }
+                }
+                Err(e) => warn!(error = %e, topic = name, "listing the objects of a deleted topic failed"),
+            }
         }
         Ok(())
     }

@@ -19,5 +19,5 @@ pub mod partition_log;
 pub mod partition_writer;
 pub mod segment;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::{Agent, AgentConfig, Archive};
 pub use error::{ApiError, StoreError};

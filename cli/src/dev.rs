@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use object_store::ObjectStore;
 use silt_agent::metrics::Metrics;
-use silt_agent::{Agent, AgentConfig};
+use silt_agent::{Agent, AgentConfig, Archive};
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};
 use silt_metadata::MetadataNode;
@@ -105,7 +105,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         AgentConfig { agent_id: "dev".into(), data_dir: config.data_dir.join("agent") },
         metadata.clone(),
         Arc::clone(&metrics),
-        Some(Arc::clone(&cold)),
+        Some(Archive { cold: Arc::clone(&cold), store: Arc::clone(&store), prefix: archive.prefix.clone() }),
         cancel.clone(),
     )
     .await

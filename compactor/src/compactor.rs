@@ -8,7 +8,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use silt_metadata::state::{Segment, SegmentState};
-use silt_metadata::{Command, MetadataNode};
+use silt_metadata::{Command, MetadataError, MetadataNode};
 use silt_tiering::archive_format::{encode_archive, read_archive_meta, ArchiveMeta, ArchiveWriterOptions};
 use silt_tiering::object_layout::object_key;
 use tokio::sync::Semaphore;
@@ -251,7 +251,8 @@ impl Compactor {
         if stored != meta {
             return Err(mismatch(format!("the uploaded object's footer says {stored:?}, expected {meta:?}")));
         }
-        self.inner
+        let committed = self
+            .inner
             .metadata
             .write(Command::ArchiveSegment {
                 topic: c.topic.clone(),
@@ -262,7 +263,17 @@ impl Compactor {
                 object_bytes,
                 now_ms: now_ms(),
             })
-            .await?;
+            .await;
+        if let Err(e @ (MetadataError::UnknownTopic(_) | MetadataError::UnknownPartition { .. })) = committed
+        {
+            // The topic was deleted while its segment was being archived: nothing will ever
+            // point at this object.
+            if let Err(d) = self.inner.store.delete(&key).await {
+                warn!(error = %d, object = %key, "deleting the object of a deleted topic failed; it is orphaned");
+            }
+            return Err(e.into());
+        }
+        committed?;
         let m = &self.inner.metrics;
         m.segments_archived.inc();
         m.records_archived.inc_by(seg.record_count);

@@ -471,3 +471,55 @@ async fn bucket_init_creates_and_configures_the_bucket() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an s3:// URL"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_topic_deletes_its_objects_and_a_new_topic_of_that_name_archives_anew() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    let config: BTreeMap<String, String> =
+        [("segment.bytes", "8192"), ("segment.ms", "200"), ("retention.ms", "-1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let objects = dev.data_dir().join("objects").join("topic=gone").join("partition=0");
+    let parquet_files = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().filter(|f| f.path().extension().is_some_and(|e| e == "parquet")).count())
+            .unwrap_or(0)
+    };
+    let produce_and_archive = |label: &'static str| {
+        let client = client.clone();
+        let config = config.clone();
+        async move {
+            client.create_topic("gone", 1, &config).await.expect("create");
+            for chunk in 0..4 {
+                let messages: Vec<OutMessage> = (0..20)
+                    .map(|i| OutMessage {
+                        value: Some(format!("{label}-{chunk}-{i:0500}")),
+                        ..Default::default()
+                    })
+                    .collect();
+                client.produce("gone", &messages).await.expect("produce");
+            }
+            wait_for("the topic to be archived", Duration::from_secs(60), || {
+                let client = client.clone();
+                async move {
+                    let objects = client.archive_list("gone").await.ok()?;
+                    let records: u64 = objects.iter().filter_map(|o| o["records"].as_u64()).sum();
+                    (records == 80).then_some(objects.len())
+                }
+            })
+            .await
+        }
+    };
+    let first = produce_and_archive("old").await;
+    assert_eq!(parquet_files(&objects), first);
+    client.delete_topic("gone").await.expect("delete");
+    assert_eq!(parquet_files(&objects), 0, "a deleted topic's objects are deleted");
+    // The same name again: same offsets, same object keys, new contents.
+    let second = produce_and_archive("new").await;
+    assert_eq!(parquet_files(&objects), second);
+    let page = client.replay("gone", 0, Some(0), None, 100).await.expect("replay");
+    assert_eq!(page.messages.len(), 80);
+    assert!(page.messages.iter().all(|m| m.value.as_deref().is_some_and(|v| v.starts_with("new-"))));
+}
