@@ -1,4 +1,5 @@
-//! The `silt` command: runs Silt (`silt dev`) and talks to it (topics, produce, consume, replay).
+//! The `silt` command: runs Silt (`silt dev`, `silt metadata`) and talks to it (topics, produce,
+//! consume, replay, cluster).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,7 +17,7 @@ use tokio::io::AsyncBufReadExt;
     name = "silt",
     version,
     about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage",
-    long_about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage.\n\nStart everything in one process with `silt dev`, then use the client commands against it.\nClient commands talk to --server (or $SILT_SERVER, default http://127.0.0.1:7070)."
+    long_about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage.\n\nStart everything in one process with `silt dev`, then use the client commands against it.\nClient commands talk to --server (or $SILT_SERVER, default http://127.0.0.1:7070).\nA metadata cluster runs as `silt metadata` processes; `silt cluster` inspects and changes it\n(--metadata or $SILT_METADATA)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -50,6 +51,64 @@ enum Cmd {
         /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
         #[arg(long, default_value_t = 1024 * 1024 * 1024)]
         cache_disk_bytes: usize,
+    },
+    /// Run one node of a metadata cluster (openraft over HTTP); run three or five of them.
+    ///
+    /// Each node keeps its Raft log and snapshots in --data-dir and serves its peers and clients
+    /// on --listen. Start every node with the same --peers; start exactly one of them with --init
+    /// the first time (it makes all --peers voters; later starts ignore --init). A node started
+    /// without --init waits to be contacted by the leader: as an initial member, or as a new
+    /// node added with `silt cluster add-node`. Any node accepts writes and forwards them to the
+    /// leader. SIGINT or SIGTERM finishes requests in flight and exits.
+    ///
+    /// Example, three nodes on one machine:
+    ///   silt metadata --id 1 --listen 127.0.0.1:7101 --data-dir m1 --peers 1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103 --init
+    ///   silt metadata --id 2 --listen 127.0.0.1:7102 --data-dir m2 --peers 1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103
+    ///   silt metadata --id 3 --listen 127.0.0.1:7103 --data-dir m3 --peers 1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103
+    #[command(verbatim_doc_comment)]
+    Metadata {
+        /// This node's id, unique in the cluster and never reused.
+        #[arg(long)]
+        id: u64,
+        /// Address to serve peers and clients on. It must be the address --peers gives for
+        /// this node (that is where the others connect).
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Directory for this node's Raft log and snapshots (created if missing).
+        #[arg(long, default_value = "./silt-metadata")]
+        data_dir: PathBuf,
+        /// The initial members as ID=HOST:PORT, comma separated, this node included.
+        #[arg(long, value_delimiter = ',', value_name = "ID=HOST:PORT,...")]
+        peers: Vec<String>,
+        /// Form the cluster with --peers as voters, if this node is fresh. Give it to one node.
+        #[arg(long)]
+        init: bool,
+        /// A write or read that cannot reach a leader with a quorum fails with 503 after this.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        request_timeout: Duration,
+        /// Snapshot every N applied entries and keep N/2 older entries (testing; default 4096).
+        #[arg(long, hide = true)]
+        snapshot_logs: Option<u64>,
+        /// Leader heartbeat interval in ms (testing; default 50).
+        #[arg(long, hide = true)]
+        heartbeat_ms: Option<u64>,
+        /// Minimum election timeout in ms, the maximum is twice it (testing; default 300).
+        #[arg(long, hide = true)]
+        election_timeout_ms: Option<u64>,
+    },
+    /// Inspect and change the metadata cluster (`silt metadata` nodes).
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+        /// Metadata nodes to ask, as HOST:PORT, comma separated; any node of the cluster will do.
+        #[arg(
+            long,
+            env = "SILT_METADATA",
+            value_delimiter = ',',
+            default_value = "127.0.0.1:7101",
+            global = true
+        )]
+        metadata: Vec<String>,
     },
     /// Inspect the archive, or rebuild metadata from it.
     Archive {
@@ -210,6 +269,27 @@ enum BucketCmd {
 }
 
 #[derive(Subcommand)]
+enum ClusterCmd {
+    /// Print the metadata cluster as JSON: leader, term, every member with its role, state and
+    /// log indexes (last log, applied, committed, snapshot, what the leader replicated to it),
+    /// and the nodes that did not answer.
+    Status,
+    /// Add a metadata node: start `silt metadata --id ID --listen ADDR` (without --init) first.
+    /// It joins as a learner, catches up (from a snapshot if needed), then becomes a voter.
+    AddNode {
+        /// The new node's id.
+        id: u64,
+        /// The address it listens on, HOST:PORT.
+        addr: String,
+    },
+    /// Remove a metadata node (voter or learner) from the cluster; stop its process afterwards.
+    RemoveNode {
+        /// The node's id.
+        id: u64,
+    },
+}
+
+#[derive(Subcommand)]
 enum GroupCmd {
     /// Show a group's members, assignment and lag per partition as JSON.
     Describe {
@@ -253,6 +333,47 @@ async fn run(cli: Cli) -> Result<()> {
                 cache_disk_bytes,
             })
             .await
+        }
+        Cmd::Metadata {
+            id,
+            listen,
+            data_dir,
+            peers,
+            init,
+            request_timeout,
+            snapshot_logs,
+            heartbeat_ms,
+            election_timeout_ms,
+        } => {
+            let mut options = silt_metadata::MetadataNodeOptions {
+                request_timeout_ms: request_timeout.as_millis().max(1) as u64,
+                ..Default::default()
+            };
+            if let Some(n) = snapshot_logs {
+                options.snapshot_logs_since_last = n.max(1);
+                options.snapshot_logs_to_keep = n / 2;
+                options.purge_batch_size = (n / 10).max(1);
+            }
+            if let Some(ms) = heartbeat_ms {
+                options.heartbeat_interval_ms = ms;
+            }
+            if let Some(ms) = election_timeout_ms {
+                options.election_timeout_min_ms = ms;
+                options.election_timeout_max_ms = ms * 2;
+            }
+            let peers = silt::metadata::parse_peers(&peers)?;
+            silt::metadata::run(silt::metadata::MetadataConfig { id, listen, data_dir, peers, init, options })
+                .await
+        }
+        Cmd::Cluster { command, metadata } => {
+            let client = silt_metadata::MetadataClient::new(metadata)?;
+            let out = match command {
+                ClusterCmd::Status => serde_json::to_value(silt::cluster::status(&client).await?)?,
+                ClusterCmd::AddNode { id, addr } => serde_json::to_value(client.add_node(id, &addr).await?)?,
+                ClusterCmd::RemoveNode { id } => serde_json::to_value(client.remove_node(id).await?)?,
+            };
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(())
         }
         Cmd::Archive { command: ArchiveCmd::Ls { topic, server } } => {
             let objects = Client::new(&server.server)?.archive_list(&topic).await?;

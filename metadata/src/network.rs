@@ -1,9 +1,9 @@
 //! [`SingleNodeNetwork`]: the Raft network of a cluster of one node.
 //!
 //! It reaches nobody: every RPC fails with [`Unreachable`], which openraft answers by backing
-//! off. A single-node cluster never sends RPCs, so this only matters if the membership names
-//! other nodes. A real transport between metadata nodes replaces it in a later issue; the
-//! node is generic over [`RaftNetworkFactory`] so that swap touches one line.
+//! off. A single-node cluster (`silt dev`) never sends RPCs, so this only matters if the
+//! membership names other nodes. A cluster of `silt metadata` processes uses
+//! [`HttpNetwork`](crate::http_network::HttpNetwork) instead.
 
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -27,7 +27,7 @@ pub struct UnreachablePeer {
 /// Why an RPC failed.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "metadata node {target} is unreachable: this node runs the single-node network, which has no transport"
+    "metadata node {target} is unreachable: this node runs the single-node network (silt dev), which has no transport"
 )]
 struct NoTransport {
     target: NodeId,

@@ -197,3 +197,271 @@ pub fn silt_cli(server: &str, args: &[&str], stdin: Option<&str>) -> String {
     );
     String::from_utf8(out.stdout).expect("utf8 stdout")
 }
+
+/// Runs the `silt` CLI with `args` against the metadata nodes `metadata` (`host:port,...`) and
+/// returns stdout, failing on error.
+pub fn silt_metadata_cli(metadata: &str, args: &[&str]) -> String {
+    let out = Command::new(silt_bin())
+        .args(args)
+        .env("SILT_METADATA", metadata)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run silt");
+    assert!(
+        out.status.success(),
+        "silt {args:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8 stdout")
+}
+
+/// `n` distinct free loopback ports: each was bound on 127.0.0.1:0 and released. Another process
+/// could take one in between; that is unlikely enough for tests.
+pub fn free_loopback_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
+    listeners.iter().map(|l| l.local_addr().expect("local addr").port()).collect()
+}
+
+/// A running `silt metadata` process.
+pub struct MetadataProcess {
+    id: u64,
+    addr: String,
+    args: Vec<String>,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl MetadataProcess {
+    /// Starts `silt metadata --id <id> --listen <addr> --data-dir <dir>/m<id> <extra...>`, logging
+    /// to `<dir>/m<id>.log`, and waits until it listens.
+    pub fn start(dir: &Path, id: u64, addr: &str, extra: &[String]) -> MetadataProcess {
+        let data_dir = dir.join(format!("m{id}"));
+        let mut args: Vec<String> = vec![
+            "metadata".into(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            addr.to_string(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let mut node = MetadataProcess {
+            id,
+            addr: addr.to_string(),
+            args,
+            data_dir,
+            log: dir.join(format!("m{id}.log")),
+            child: None,
+            paused: false,
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
+        let mut child = Command::new(silt_bin())
+            .args(&self.args)
+            .env("SILT_LOG", std::env::var("SILT_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn silt metadata");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("silt metadata listening on ") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("silt metadata node {} did not start within 30s; log:\n{}", self.id, self.log());
+        }
+        self.child = Some(child);
+    }
+
+    /// The node id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Whether the process runs (it may be paused).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the node is not running");
+        let status = Command::new("kill").args([signal, &child.id().to_string()]).status().expect("kill");
+        assert!(status.success(), "kill {signal} node {} failed", self.id);
+    }
+
+    /// Kills the process with SIGKILL and waits for it to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// Stops the process with SIGTERM and waits for a clean exit.
+    pub fn stop(&mut self) {
+        if self.paused {
+            self.resume();
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let status = child.wait().expect("wait");
+            assert!(status.success(), "silt metadata exited with {status}; log:\n{}", self.log());
+        }
+    }
+
+    /// Starts the process again with the same arguments and data directory.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        self.spawn();
+    }
+
+    /// Freezes the process (SIGSTOP).
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+        self.paused = true;
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+        self.paused = false;
+    }
+
+    /// Its `/metadata/status`, or `None` if it does not answer within a second.
+    pub async fn status(&self) -> Option<silt::silt_metadata::NodeStatus> {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().ok()?;
+        let reply = http.get(format!("{}/metadata/status", self.url())).send().await.ok()?;
+        reply.json().await.ok()
+    }
+}
+
+impl Drop for MetadataProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A cluster of `silt metadata` processes on free loopback ports, in one temporary directory.
+pub struct MetadataCluster {
+    nodes: Vec<MetadataProcess>,
+    tmp: tempfile::TempDir,
+}
+
+impl MetadataCluster {
+    /// Starts nodes `1..=n` with `--peers` naming them all, node 1 with `--init`, each with
+    /// `extra` arguments too.
+    pub fn start(n: u64, extra: &[&str]) -> MetadataCluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let ports = free_loopback_ports(n as usize);
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        let peers = peers.join(",");
+        let nodes = (1..=n)
+            .map(|id| {
+                let mut args: Vec<String> = vec!["--peers".into(), peers.clone()];
+                if id == 1 {
+                    args.push("--init".into());
+                }
+                args.extend(extra.iter().map(|s| s.to_string()));
+                MetadataProcess::start(tmp.path(), id, &addrs[id as usize - 1], &args)
+            })
+            .collect();
+        MetadataCluster { nodes, tmp }
+    }
+
+    /// Starts one more node, `id`, on a free port without `--init` or `--peers`: it waits to be
+    /// added (`silt cluster add-node`).
+    pub fn start_extra(&mut self, id: u64, extra: &[&str]) -> &MetadataProcess {
+        let port = free_loopback_ports(1)[0];
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        self.nodes.push(MetadataProcess::start(self.tmp.path(), id, &format!("127.0.0.1:{port}"), &args));
+        self.node(id)
+    }
+
+    /// Node `id`.
+    pub fn node(&self, id: u64) -> &MetadataProcess {
+        self.nodes.iter().find(|n| n.id == id).expect("no such node")
+    }
+
+    /// Node `id`, to kill, pause or restart it.
+    pub fn node_mut(&mut self, id: u64) -> &mut MetadataProcess {
+        self.nodes.iter_mut().find(|n| n.id == id).expect("no such node")
+    }
+
+    /// Every node's `host:port`, in id order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// A client of every node.
+    pub fn client(&self) -> silt::silt_metadata::MetadataClient {
+        silt::silt_metadata::MetadataClient::new(self.addrs()).expect("metadata client")
+    }
+
+    /// Waits until the running, unpaused nodes among `among` agree on one leader among them that
+    /// reports itself leading; returns its id.
+    pub async fn wait_for_leader(&self, among: &[u64], timeout: Duration) -> u64 {
+        wait_for("a metadata leader", timeout, || async {
+            let mut leader = None;
+            for id in among {
+                let node = self.node(*id);
+                if !node.is_running() || node.paused {
+                    continue;
+                }
+                let status = node.status().await?;
+                let seen = status.leader.as_ref()?.id;
+                if leader.is_some_and(|l| l != seen) || !among.contains(&seen) {
+                    return None;
+                }
+                leader = Some(seen);
+            }
+            let leader = leader?;
+            let status = self.node(leader).status().await?;
+            (status.state == silt::silt_metadata::NodeRole::Leader).then_some(leader)
+        })
+        .await
+    }
+
+    /// Every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes.iter().map(|n| format!("--- node {} ---\n{}", n.id, n.log())).collect()
+    }
+}
