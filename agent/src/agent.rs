@@ -303,7 +303,11 @@ impl Agent {
             self.inner.cancel.child_token(),
         )
         .await?;
-        lock(&self.inner.tasks).push(task);
+        {
+            let mut tasks = lock(&self.inner.tasks);
+            tasks.retain(|t| !t.is_finished());
+            tasks.push(task);
+        }
         self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(key, (t.id, handle.clone()));
         Ok(handle)
     }
@@ -741,7 +745,10 @@ impl Agent {
                     now_ms: now_ms(),
                 })
                 .await?;
-            lock(&self.inner.heartbeats).insert(key, Instant::now());
+            let mut heartbeats = lock(&self.inner.heartbeats);
+            // Members that vanished without leaving would otherwise stay here forever.
+            heartbeats.retain(|_, last| last.elapsed() < SESSION_TIMEOUT_MAX);
+            heartbeats.insert(key, Instant::now());
         }
         Ok(())
     }

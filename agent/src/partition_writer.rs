@@ -385,29 +385,41 @@ impl PartitionWriter {
     /// never dropped: the local copy may be the only one.
     async fn trim_local(&mut self) {
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
-        let archived: std::collections::BTreeMap<u64, (Option<u64>, Option<u64>)> =
-            self.metadata.read_local(|s| {
-                s.topics
-                    .get(&topic)
-                    .and_then(|t| t.partitions.get(partition))
-                    .map(|p| {
-                        p.segments
-                            .values()
-                            .filter(|seg| seg.state == silt_metadata::state::SegmentState::Archived)
-                            .map(|seg| (seg.base_offset, (seg.last_offset, seg.archived_ms)))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            });
-        if archived.is_empty() {
-            return;
-        }
+        type Archived = std::collections::BTreeMap<u64, (Option<u64>, Option<u64>)>;
+        // Archived segments, and where metadata's chain starts now (retention deletes from the
+        // front: anything below it is gone from the bucket and must go from here too).
+        let (archived, earliest): (Archived, Option<u64>) = self.metadata.read_local(|s| {
+            s.topics
+                .get(&topic)
+                .and_then(|t| t.partitions.get(partition))
+                .map(|p| {
+                    let archived = p
+                        .segments
+                        .values()
+                        .filter(|seg| seg.state == silt_metadata::state::SegmentState::Archived)
+                        .map(|seg| (seg.base_offset, (seg.last_offset, seg.archived_ms)))
+                        .collect();
+                    (archived, p.segments.keys().next().copied())
+                })
+                .unwrap_or_default()
+        });
         let now = now_ms();
         let log = self.log();
         let sealed = &log.segments()[..log.segments().len() - 1];
-        // The archived prefix of the local log, oldest first.
+        // Local segments whose records metadata has deleted (retention) go first, whatever
+        // local.retention says.
+        let expired_before = sealed
+            .iter()
+            .take_while(|seg| earliest.is_some_and(|e| seg.next_offset() <= e))
+            .last()
+            .map(|seg| seg.next_offset());
+        if archived.is_empty() && expired_before.is_none() {
+            return;
+        }
+        // Then the archived prefix of the local log, oldest first.
         let prefix: Vec<(u64, u64, u64, Option<u64>)> = sealed
             .iter()
+            .skip_while(|seg| expired_before.is_some_and(|b| seg.next_offset() <= b))
             .map_while(|seg| {
                 let (last, archived_ms) = archived.get(&seg.base_offset())?;
                 (*last == Some(seg.next_offset().saturating_sub(1))).then_some((
@@ -419,7 +431,7 @@ impl PartitionWriter {
             })
             .collect();
         let mut local_bytes: u64 = prefix.iter().map(|s| s.2).sum();
-        let mut drop_before = None;
+        let mut drop_before = expired_before;
         for (_, next, size, archived_ms) in &prefix {
             let expired = archived_ms.is_some_and(|t| t + self.config.local_retention_ms <= now);
             let over = self.config.local_retention_bytes.is_some_and(|max| local_bytes > max);
