@@ -6,6 +6,7 @@
 #   localstack/localstack.sh stop
 #
 # Port: 4566 (LocalStack binds 0.0.0.0:4566 whatever it is told); any credentials work.
+# Services: S3 only; LOCALSTACK_SERVICES=s3,iam,sts adds what terraform/examples/localstack needs.
 # Python: $LOCALSTACK_PYTHON, else /root/.pyenv/versions/3.13.0/bin/python3, else python3.13.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,7 +50,7 @@ case "${1:-start}" in
     fi
     stop_pidfile "$pidfile"
     rm -rf /tmp/localstack-s3-storage
-    SERVICES=s3 GATEWAY_LISTEN=127.0.0.1:4566 DNS_ADDRESS=0 DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 \
+    SERVICES=${LOCALSTACK_SERVICES:-s3} GATEWAY_LISTEN=127.0.0.1:4566 DNS_ADDRESS=0 DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 \
       nohup "$venv/bin/python" -m localstack.runtime.main >"$EMULATORS_DIR/localstack.log" 2>&1 </dev/null &
     echo $! >"$pidfile"
     if ! wait_until 120 "LocalStack on port 4566" ready; then

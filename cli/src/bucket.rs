@@ -1,13 +1,14 @@
 //! `silt bucket init`: creates and configures an S3 bucket for Silt through aws-sdk-s3.
 //!
-//! The settings here are the ones the Terraform `bucket` module applies; keep them the same.
+//! The settings here are the ones the Terraform `bucket` module (`terraform/modules/bucket`)
+//! applies; `tests/tests/terraform.rs` compares them with `silt bucket settings`.
 
 use anyhow::{bail, Context, Result};
 use aws_sdk_s3::types::{
     AbortIncompleteMultipartUpload, BucketLifecycleConfiguration, BucketVersioningStatus, ExpirationStatus,
-    LifecycleRule, LifecycleRuleFilter, PublicAccessBlockConfiguration, ServerSideEncryption,
-    ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
-    VersioningConfiguration,
+    LifecycleExpiration, LifecycleRule, LifecycleRuleFilter, NoncurrentVersionExpiration,
+    PublicAccessBlockConfiguration, ServerSideEncryption, ServerSideEncryptionByDefault,
+    ServerSideEncryptionConfiguration, ServerSideEncryptionRule, VersioningConfiguration,
 };
 use serde::Serialize;
 
@@ -26,6 +27,10 @@ pub struct BucketSettings {
     pub restrict_public_buckets: bool,
     /// Incomplete multipart uploads (a compactor that died mid-upload) are aborted after this.
     pub abort_incomplete_multipart_upload_days: i32,
+    /// With versioning on, an object the compactor deleted (`retention.ms`) or replaced stays as a
+    /// noncurrent version this long, then expires (the default `retention.ms` is 7 days). No rule
+    /// ever expires a current object: Silt enforces `retention.ms` per topic, metadata first.
+    pub noncurrent_version_expiration_days: i32,
 }
 
 impl Default for BucketSettings {
@@ -37,6 +42,7 @@ impl Default for BucketSettings {
             block_public_policy: true,
             restrict_public_buckets: true,
             abort_incomplete_multipart_upload_days: 1,
+            noncurrent_version_expiration_days: 7,
         }
     }
 }
@@ -146,7 +152,24 @@ pub async fn init(url: &str, versioning: bool) -> Result<InitReport> {
         )
         .build()
         .context("lifecycle rule")?;
-    let lifecycle = BucketLifecycleConfiguration::builder().rules(rule).build().context("lifecycle")?;
+    let mut lifecycle = BucketLifecycleConfiguration::builder().rules(rule);
+    if versioning {
+        lifecycle = lifecycle.rules(
+            LifecycleRule::builder()
+                .id("silt-expire-noncurrent-versions")
+                .status(ExpirationStatus::Enabled)
+                .filter(LifecycleRuleFilter::builder().prefix(prefix.clone()).build())
+                .noncurrent_version_expiration(
+                    NoncurrentVersionExpiration::builder()
+                        .noncurrent_days(settings.noncurrent_version_expiration_days)
+                        .build(),
+                )
+                .expiration(LifecycleExpiration::builder().expired_object_delete_marker(true).build())
+                .build()
+                .context("lifecycle rule")?,
+        );
+    }
+    let lifecycle = lifecycle.build().context("lifecycle")?;
     let r = s3
         .put_bucket_lifecycle_configuration()
         .bucket(&bucket)

@@ -256,7 +256,8 @@ enum ArchiveCmd {
 #[derive(Subcommand)]
 enum BucketCmd {
     /// Create the bucket if needed and apply Silt's settings: encryption (SSE-S3), public access
-    /// blocked, incomplete multipart uploads aborted after a day, optional versioning.
+    /// blocked, incomplete multipart uploads aborted after a day, optional versioning (noncurrent
+    /// versions then expire after 7 days).
     Init {
         /// s3://bucket[/prefix]
         url: String,
