@@ -50,6 +50,11 @@ fn required(var: &str) -> Option<String> {
     }
 }
 
+/// Topic configs from name/value pairs.
+fn topic_config(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
 fn unique_prefix() -> String {
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -243,15 +248,12 @@ async fn round_trip(backend_kind: Backend, faults: bool) {
     let count = mib * 1024;
     let mut dev = SiltDev::start_with(options);
     let client = dev.client();
-    let config: BTreeMap<String, String> = [
+    let config = topic_config(&[
         ("segment.bytes", "262144"),
         ("segment.ms", "300"),
         ("local.retention.ms", "0"),
         ("retention.ms", "-1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
     client.create_topic(TOPIC, PARTITIONS, &config).await.expect("create topic");
     let expected = produce_all(&client, count).await;
     assert_eq!(expected.len(), count);
@@ -353,16 +355,13 @@ async fn archive_round_trip_localstack() {
 async fn retention_deletes_expired_archives_and_replay_skips_them() {
     let dev = SiltDev::start();
     let client = dev.client();
-    let config: BTreeMap<String, String> = [
+    let config = topic_config(&[
         ("segment.bytes", "65536"),
         ("segment.ms", "200"),
         ("retention.ms", "3600000"),
         // Local copies would be kept for an hour: only retention can remove them.
         ("local.retention.ms", "3600000"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
     client.create_topic("old", 1, &config).await.expect("create");
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
@@ -484,11 +483,7 @@ async fn bucket_init_creates_and_configures_the_bucket() {
 async fn deleting_a_topic_deletes_its_objects_and_a_new_topic_of_that_name_archives_anew() {
     let dev = SiltDev::start();
     let client = dev.client();
-    let config: BTreeMap<String, String> =
-        [("segment.bytes", "8192"), ("segment.ms", "200"), ("retention.ms", "-1")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+    let config = topic_config(&[("segment.bytes", "8192"), ("segment.ms", "200"), ("retention.ms", "-1")]);
     let objects = dev.data_dir().join("objects").join("topic=gone").join("partition=0");
     let parquet_files = |dir: &Path| {
         std::fs::read_dir(dir)
@@ -536,15 +531,12 @@ async fn deleting_a_topic_deletes_its_objects_and_a_new_topic_of_that_name_archi
 async fn kill9_while_archiving_loses_nothing_and_archives_nothing_twice() {
     let mut dev = SiltDev::start();
     let client = dev.client();
-    let config: BTreeMap<String, String> = [
+    let config = topic_config(&[
         ("segment.bytes", "65536"),
         ("segment.ms", "300"),
         ("local.retention.ms", "0"),
         ("retention.ms", "-1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    ]);
     client.create_topic(TOPIC, PARTITIONS, &config).await.expect("create topic");
     let count = 6000;
     let expected = produce_all(&client, count).await;
