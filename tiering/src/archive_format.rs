@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use arrow_array::builder::OffsetBufferBuilder;
 use arrow_array::{
-    Array, ArrayRef, BinaryArray, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
-    TimestampMillisecondArray,
+    Array, ArrayRef, BinaryArray, BinaryViewArray, Int64Array, ListArray, RecordBatch, StringArray,
+    StringViewArray, StructArray, TimestampMillisecondArray,
 };
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use bytes::Bytes;
@@ -185,6 +185,26 @@ pub fn archive_schema() -> SchemaRef {
         Field::new("key", DataType::Binary, true),
         Field::new("value", DataType::Binary, true),
         Field::new("headers", DataType::List(header_item_field()), false),
+    ]))
+}
+
+/// The archive schema with view types for the byte columns (`binary_view`, and `utf8_view` for
+/// header keys): what the cold reader asks Parquet to decode into. Parquet then hands out PLAIN
+/// values and dictionaries as views into the decompressed pages instead of copying every value
+/// into one new buffer, and [`decode_records`] slices the records out of those pages. The
+/// object's bytes and its stored schema stay [`archive_schema`].
+pub(crate) fn archive_read_schema() -> SchemaRef {
+    let header_fields = Fields::from(vec![
+        Field::new("key", DataType::Utf8View, false),
+        Field::new("value", DataType::BinaryView, true),
+    ]);
+    let header_item = Arc::new(Field::new("element", DataType::Struct(header_fields), false));
+    Arc::new(Schema::new(vec![
+        Field::new("offset", DataType::Int64, false),
+        Field::new("timestamp", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
+        Field::new("key", DataType::BinaryView, true),
+        Field::new("value", DataType::BinaryView, true),
+        Field::new("headers", DataType::List(header_item), false),
     ]))
 }
 
@@ -354,37 +374,135 @@ fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str, what: &str) -> Res
     })
 }
 
-fn bytes_at(array: &BinaryArray, i: usize) -> Option<Bytes> {
-    array.is_valid(i).then(|| Bytes::copy_from_slice(array.value(i)))
+/// One binary column whose values are handed out as [`Bytes`] that share the Arrow buffers:
+/// each buffer is wrapped once per batch, and each value is a slice of it, so no value is
+/// copied. (A value slice keeps its whole buffer alive, as the decoded row group does anyway.)
+enum BinaryValues<'a> {
+    /// `binary`: one values buffer, indexed by the offsets.
+    Offsets { array: &'a BinaryArray, values: Bytes },
+    /// `binary_view`: values of up to 12 bytes are inline in the view, longer ones point into
+    /// one of the data buffers (for PLAIN pages, the decompressed page itself).
+    Views { array: &'a BinaryViewArray, buffers: Vec<Bytes> },
+}
+
+/// Longest value a `binary_view` keeps inline in its 16-byte view.
+const VIEW_INLINE_BYTES_MAX: usize = 12;
+
+impl<'a> BinaryValues<'a> {
+    fn new(array: &'a dyn Array, what: &str) -> Result<Self, TieringError> {
+        if let Some(array) = array.as_any().downcast_ref::<BinaryArray>() {
+            return Ok(BinaryValues::Offsets { array, values: Bytes::from(array.values().clone()) });
+        }
+        if let Some(array) = array.as_any().downcast_ref::<BinaryViewArray>() {
+            let buffers = array.data_buffers().iter().map(|b| Bytes::from(b.clone())).collect();
+            return Ok(BinaryValues::Views { array, buffers });
+        }
+        Err(TieringError::InvalidArchive(format!("{what} are {}, expected binary", array.data_type())))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            BinaryValues::Offsets { array, .. } => array.len(),
+            BinaryValues::Views { array, .. } => array.len(),
+        }
+    }
+
+    /// Value `i` (`None` when null), or an error when the array points outside its buffers.
+    fn get(&self, i: usize) -> Result<Option<Bytes>, TieringError> {
+        let malformed = || TieringError::InvalidArchive(format!("binary value {i} lies outside its buffer"));
+        match self {
+            BinaryValues::Offsets { array, values } => {
+                if array.is_null(i) {
+                    return Ok(None);
+                }
+                let offsets = array.value_offsets();
+                let (Some(&start), Some(&end)) = (offsets.get(i), offsets.get(i + 1)) else {
+                    return Err(malformed());
+                };
+                let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
+                    return Err(malformed());
+                };
+                if start > end || end > values.len() {
+                    return Err(malformed());
+                }
+                Ok(Some(values.slice(start..end)))
+            }
+            BinaryValues::Views { array, buffers } => {
+                if array.is_null(i) {
+                    return Ok(None);
+                }
+                let view = *array.views().get(i).ok_or_else(malformed)?;
+                // The view layout of the Arrow spec: length in the low 32 bits, then a 4-byte
+                // prefix, the buffer index and the offset in that buffer.
+                let len = (view as u32) as usize;
+                if len <= VIEW_INLINE_BYTES_MAX {
+                    return Ok(Some(Bytes::copy_from_slice(array.value(i))));
+                }
+                let buffer = buffers.get(((view >> 64) as u32) as usize).ok_or_else(malformed)?;
+                let start = ((view >> 96) as u32) as usize;
+                if start.checked_add(len).is_none_or(|end| end > buffer.len()) {
+                    return Err(malformed());
+                }
+                Ok(Some(buffer.slice(start..start + len)))
+            }
+        }
+    }
+}
+
+/// One UTF-8 column (`utf8` or `utf8_view`), read value by value.
+enum StringValues<'a> {
+    Offsets(&'a StringArray),
+    Views(&'a StringViewArray),
+}
+
+impl<'a> StringValues<'a> {
+    fn new(array: &'a dyn Array, what: &str) -> Result<Self, TieringError> {
+        if let Some(array) = array.as_any().downcast_ref::<StringArray>() {
+            return Ok(StringValues::Offsets(array));
+        }
+        if let Some(array) = array.as_any().downcast_ref::<StringViewArray>() {
+            return Ok(StringValues::Views(array));
+        }
+        Err(TieringError::InvalidArchive(format!("{what} are {}, expected utf8", array.data_type())))
+    }
+
+    /// Value `i`, `None` when null.
+    fn get(&self, i: usize) -> Option<&str> {
+        match self {
+            StringValues::Offsets(array) => array.is_valid(i).then(|| array.value(i)),
+            StringValues::Views(array) => array.is_valid(i).then(|| array.value(i)),
+        }
+    }
 }
 
 /// Converts a batch read from an archive back to records: the exact inverse of
 /// [`records_to_batch`] (null and empty keys and values stay distinct; headers keep their
 /// order and their null values).
+///
+/// Keys, values and header values are slices of the batch's Arrow buffers, not copies; the
+/// batch may hold them as `binary` (the archive's schema) or as `binary_view` (and header keys
+/// as `utf8` or `utf8_view`), which the cold reader asks Parquet for because it decodes PLAIN
+/// pages without copying them.
 pub fn decode_records(batch: &RecordBatch) -> Result<Vec<Record>, TieringError> {
     let offsets: &Int64Array = column(batch, "offset", "int64")?;
     let timestamps: &TimestampMillisecondArray = column(batch, "timestamp", "timestamp(ms)")?;
-    let keys: &BinaryArray = column(batch, "key", "binary")?;
-    let values: &BinaryArray = column(batch, "value", "binary")?;
+    let keys = BinaryValues::new(column_any(batch, "key")?, "keys")?;
+    let values = BinaryValues::new(column_any(batch, "value")?, "values")?;
     let headers: &ListArray = column(batch, "headers", "list<struct<key, value>>")?;
     let header_structs =
         headers.values().as_any().downcast_ref::<StructArray>().filter(|s| s.num_columns() == 2).ok_or_else(
             || TieringError::InvalidArchive("'headers' items are not struct<key, value>".into()),
         )?;
-    let header_keys = header_structs
-        .column(0)
-        .as_any()
-        .downcast_ref::<StringArray>()
-        .ok_or_else(|| TieringError::InvalidArchive("header keys are not utf8".into()))?;
-    let header_values = header_structs
-        .column(1)
-        .as_any()
-        .downcast_ref::<BinaryArray>()
-        .ok_or_else(|| TieringError::InvalidArchive("header values are not binary".into()))?;
+    let header_keys = StringValues::new(header_structs.column(0).as_ref(), "header keys")?;
+    let header_values = BinaryValues::new(header_structs.column(1).as_ref(), "header values")?;
     let header_offsets = headers.value_offsets();
+    let rows = batch.num_rows();
+    if keys.len() != rows || values.len() != rows || header_values.len() != header_structs.len() {
+        return Err(TieringError::InvalidArchive("columns of different lengths".into()));
+    }
 
-    let mut records = Vec::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
+    let mut records = Vec::with_capacity(rows);
+    for i in 0..rows {
         if offsets.is_null(i) || timestamps.is_null(i) {
             return Err(TieringError::InvalidArchive(format!("row {i} has a null offset or timestamp")));
         }
@@ -396,24 +514,29 @@ pub fn decode_records(batch: &RecordBatch) -> Result<Vec<Record>, TieringError> 
                 ..usize::try_from(header_offsets[i + 1]).unwrap_or(0);
             record_headers.reserve(range.len());
             for h in range {
-                if h >= header_structs.len() || header_keys.is_null(h) {
+                let key = (h < header_structs.len()).then(|| header_keys.get(h)).flatten();
+                let Some(key) = key else {
                     return Err(TieringError::InvalidArchive(format!("row {i} has a malformed header")));
-                }
-                record_headers.push(Header {
-                    key: header_keys.value(h).to_string(),
-                    value: bytes_at(header_values, h),
-                });
+                };
+                record_headers.push(Header { key: key.to_string(), value: header_values.get(h)? });
             }
         }
         records.push(Record {
             offset,
             timestamp_ms: timestamps.value(i),
-            key: bytes_at(keys, i),
-            value: bytes_at(values, i),
+            key: keys.get(i)?,
+            value: values.get(i)?,
             headers: record_headers,
         });
     }
     Ok(records)
+}
+
+fn column_any<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, TieringError> {
+    batch
+        .column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| TieringError::InvalidArchive(format!("no '{name}' column")))
 }
 
 /// Reads and validates the archive metadata in a parsed footer: the format version first
@@ -632,7 +755,7 @@ pub(crate) mod tests {
     use super::*;
     use object_store::memory::InMemory;
     use object_store::PutPayload;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
     use parquet::file::metadata::PageIndexPolicy;
     use proptest::prelude::*;
     use rand::rngs::StdRng;
@@ -695,6 +818,62 @@ pub(crate) mod tests {
         out
     }
 
+    /// As the cold reader decodes: into view types.
+    fn decode_all_as_views(object: &Bytes) -> Vec<Record> {
+        let options = ArrowReaderOptions::new().with_schema(archive_read_schema());
+        let reader = ParquetRecordBatchReaderBuilder::try_new_with_options(object.clone(), options)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            assert_eq!(batch.column_by_name("value").unwrap().data_type(), &DataType::BinaryView);
+            out.extend(decode_records(&batch).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn decoding_slices_values_out_of_the_arrow_buffers() {
+        // Values of 100 bytes, so that views point into the pages rather than inline.
+        let mut records = random_records(6, 0, 200);
+        for (i, r) in records.iter_mut().enumerate() {
+            r.value = Some(Bytes::from(vec![i as u8; 100]));
+        }
+        let object = encode_archive(&meta_for(&records), &records, &ArchiveWriterOptions::default()).unwrap();
+
+        let batch = ParquetRecordBatchReaderBuilder::try_new(object.clone())
+            .unwrap()
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let values = batch.column_by_name("value").unwrap().as_any().downcast_ref::<BinaryArray>().unwrap();
+        let decoded = decode_records(&batch).unwrap();
+        assert_eq!(decoded, records[..decoded.len()]);
+        for (i, r) in decoded.iter().enumerate() {
+            assert_eq!(r.value.as_ref().unwrap().as_ptr(), values.value(i).as_ptr(), "value {i} was copied");
+        }
+
+        let options = ArrowReaderOptions::new().with_schema(archive_read_schema());
+        let batch = ParquetRecordBatchReaderBuilder::try_new_with_options(object, options)
+            .unwrap()
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let values =
+            batch.column_by_name("value").unwrap().as_any().downcast_ref::<BinaryViewArray>().unwrap();
+        let decoded = decode_records(&batch).unwrap();
+        assert_eq!(decoded, records[..decoded.len()]);
+        for (i, r) in decoded.iter().enumerate() {
+            assert_eq!(r.value.as_ref().unwrap().as_ptr(), values.value(i).as_ptr(), "value {i} was copied");
+        }
+    }
+
     #[test]
     fn round_trips_every_record_shape() {
         let mut records = random_records(1, 100, 500);
@@ -710,6 +889,7 @@ pub(crate) mod tests {
         let meta = meta_for(&records);
         let object = encode_archive(&meta, &records, &ArchiveWriterOptions::default()).unwrap();
         assert_eq!(decode_all(&object), records);
+        assert_eq!(decode_all_as_views(&object), records);
     }
 
     #[test]
@@ -848,7 +1028,8 @@ pub(crate) mod tests {
             let records = random_records(seed, base, count);
             let opts = ArchiveWriterOptions { row_group_rows_max: rg, page_rows_max: 7, ..Default::default() };
             let object = encode_archive(&meta_for(&records), &records, &opts).unwrap();
-            prop_assert_eq!(decode_all(&object), records);
+            prop_assert_eq!(decode_all(&object), records.clone());
+            prop_assert_eq!(decode_all_as_views(&object), records);
         }
     }
 }

@@ -39,8 +39,8 @@ use silt_record::Record;
 use tokio::sync::Semaphore;
 
 use crate::archive_format::{
-    decode_records, read_archive_meta_counted, row_group_byte_ranges, row_group_stats, ArchiveMeta,
-    RowGroupStats, COLUMN_OFFSET, COLUMN_TIMESTAMP,
+    archive_read_schema, decode_records, read_archive_meta_counted, row_group_byte_ranges, row_group_stats,
+    ArchiveMeta, RowGroupStats, COLUMN_OFFSET, COLUMN_TIMESTAMP,
 };
 use crate::TieringError;
 
@@ -533,7 +533,8 @@ impl ColdReader {
                     read_archive_meta_counted(store.as_ref(), &path, Some(object_bytes)).await?
                 };
                 bump(&counters.bytes_fetched, bytes);
-                let arrow = ArrowReaderMetadata::try_new(Arc::clone(&metadata), ArrowReaderOptions::new())?;
+                let options = ArrowReaderOptions::new().with_schema(archive_read_schema());
+                let arrow = ArrowReaderMetadata::try_new(Arc::clone(&metadata), options)?;
                 let row_groups =
                     (0..metadata.num_row_groups()).map(|i| row_group_stats(&metadata, i)).collect();
                 Ok(Arc::new(Footer { meta, metadata, arrow, row_groups }))
