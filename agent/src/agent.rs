@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use silt_metadata::state::{GroupMode, Topic};
-use silt_metadata::{Command, MetadataError, MetadataNode, Response};
+use silt_metadata::{Command, Metadata, MetadataError, Response};
 use silt_record::{
     partition_for_key, validate_topic_name, BatchBuilder, Header, MessageId, NewRecord, Record, RecordBatch,
 };
@@ -47,13 +47,48 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
 /// Suffix of dead-letter topics.
 pub const DLQ_SUFFIX: &str = ".dlq";
 
+/// How often the agent compares the partitions it runs with the ones metadata gives it.
+const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
+/// The default agent lease.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
 /// Where and who this agent is.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Id recorded as partition writer.
     pub agent_id: String,
+    /// Where other agents and clients reach this agent (`host:port`), recorded in metadata.
+    pub advertise_addr: String,
     /// Root of the agent's local state (`{data_dir}/log/...`).
     pub data_dir: PathBuf,
+    /// Metadata names another writer for this agent's partitions when it has not heartbeated
+    /// for this long. It heartbeats every third of it.
+    pub lease: Duration,
+}
+
+impl AgentConfig {
+    /// A config with the default lease.
+    pub fn new(agent_id: impl Into<String>, advertise_addr: impl Into<String>, data_dir: PathBuf) -> Self {
+        AgentConfig {
+            agent_id: agent_id.into(),
+            advertise_addr: advertise_addr.into(),
+            data_dir,
+            lease: DEFAULT_LEASE,
+        }
+    }
+}
+
+/// A partition writer this agent runs: under which topic id and epoch, and how to stop it.
+struct Running {
+    topic_id: u64,
+    epoch: u64,
+    handle: PartitionHandle,
+}
+
+/// What stops a running writer and waits for it.
+struct WriterTask {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
 }
 
 /// A message to produce, before it has a partition.
@@ -130,10 +165,13 @@ pub struct Agent {
 
 struct Inner {
     config: AgentConfig,
-    metadata: MetadataNode,
+    metadata: Metadata,
     metrics: Arc<Metrics>,
-    partitions: RwLock<HashMap<(String, u32), (u64, PartitionHandle)>>,
-    open_lock: tokio::sync::Mutex<()>,
+    partitions: RwLock<HashMap<(String, u32), Running>>,
+    /// Held while writers start or stop; holds their tasks.
+    writers: tokio::sync::Mutex<HashMap<(String, u32), WriterTask>>,
+    /// This process's registration: `RegisterAgent` gave it this incarnation.
+    incarnation: std::sync::atomic::AtomicU64,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
     heartbeats: Mutex<HashMap<(String, String, String), Instant>>,
     appended: Notify,
@@ -170,7 +208,7 @@ impl Agent {
     /// deleted topics and starts the ack checkpointer.
     pub async fn start(
         config: AgentConfig,
-        metadata: MetadataNode,
+        metadata: Metadata,
         metrics: Arc<Metrics>,
         archive: Option<Archive>,
         cancel: CancellationToken,
@@ -183,7 +221,8 @@ impl Agent {
                 metadata,
                 metrics,
                 partitions: RwLock::new(HashMap::new()),
-                open_lock: tokio::sync::Mutex::new(()),
+                writers: tokio::sync::Mutex::new(HashMap::new()),
+                incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
                 heartbeats: Mutex::new(HashMap::new()),
                 appended: Notify::new(),
@@ -194,18 +233,135 @@ impl Agent {
                 archive_store,
             }),
         };
+        agent.register().await?;
         let (topics, next_topic_id): (Vec<Topic>, u64) =
             agent.inner.metadata.read(|s| (s.topics.values().cloned().collect(), s.next_topic_id)).await?;
         agent.remove_stale_topic_dirs(&topics, next_topic_id);
-        for topic in &topics {
-            for p in 0..topic.partitions.len() as u32 {
-                agent.partition(&topic.name, p).await.map_err(|e| StoreError::Failed(e.message))?;
-            }
-        }
+        agent.supervise().await;
         let checkpointer = agent.clone();
         let task = tokio::spawn(async move { checkpointer.run_checkpointer().await });
         lock(&agent.inner.tasks).push(task);
+        let heartbeater = agent.clone();
+        let task = tokio::spawn(async move { heartbeater.run_heartbeats().await });
+        lock(&agent.inner.tasks).push(task);
+        let supervisor = agent.clone();
+        let task = tokio::spawn(async move { supervisor.run_supervisor().await });
+        lock(&agent.inner.tasks).push(task);
         Ok(agent)
+    }
+
+    /// Registers this process with metadata: a new incarnation and lease. Every partition it
+    /// wrote before gets a new epoch, so nothing an earlier process of it did can interfere.
+    async fn register(&self) -> Result<(), MetadataError> {
+        let config = &self.inner.config;
+        let response = self
+            .inner
+            .metadata
+            .write(Command::RegisterAgent {
+                agent: config.agent_id.clone(),
+                addr: config.advertise_addr.clone(),
+                lease_ms: config.lease.as_millis() as u64,
+                now_ms: now_ms(),
+            })
+            .await?;
+        let Response::Registered { incarnation } = response else {
+            return Err(MetadataError::Unavailable(format!(
+                "unexpected reply to a registration: {response:?}"
+            )));
+        };
+        self.inner.incarnation.store(incarnation, Ordering::SeqCst);
+        info!(agent = %config.agent_id, incarnation, addr = %config.advertise_addr, "registered with metadata");
+        Ok(())
+    }
+
+    /// Renews the lease every third of it. If metadata lets it lapse anyway (a pause, a
+    /// partition from metadata), the agent registers again: the partitions it lost have other
+    /// writers by then, and the supervisor stops its own.
+    async fn run_heartbeats(&self) {
+        let every = self.inner.config.lease / 3;
+        loop {
+            tokio::select! {
+                () = self.inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let cmd = Command::AgentHeartbeat {
+                agent: self.inner.config.agent_id.clone(),
+                incarnation: self.inner.incarnation.load(Ordering::SeqCst),
+                now_ms: now_ms(),
+            };
+            match self.inner.metadata.write(cmd).await {
+                Ok(_) => {}
+                Err(MetadataError::LeaseLapsed { .. } | MetadataError::UnknownAgent { .. }) => {
+                    warn!("this agent's lease lapsed; registering again");
+                    self.supervise().await;
+                    if let Err(e) = self.register().await {
+                        warn!(error = %e, "registering again failed; will retry");
+                    }
+                }
+                Err(e) => warn!(error = %e, "heartbeat to metadata failed; will retry"),
+            }
+        }
+    }
+
+    async fn run_supervisor(&self) {
+        loop {
+            tokio::select! {
+                () = self.inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(SUPERVISE_INTERVAL) => {}
+            }
+            self.supervise().await;
+        }
+    }
+
+    /// Makes the running writers match metadata: stops every writer whose partition has
+    /// another writer or a newer epoch now, and starts one for every partition this agent
+    /// writes. A writer that cannot start is retried on the next round.
+    async fn supervise(&self) {
+        let me = self.inner.config.agent_id.clone();
+        let wanted: HashMap<(String, u32), (u64, u64)> = self.inner.metadata.read_local(|s| {
+            s.topics
+                .values()
+                .flat_map(|t| {
+                    let me = &me;
+                    t.partitions
+                        .iter()
+                        .enumerate()
+                        .filter(move |(_, p)| p.writer.as_deref() == Some(me.as_str()))
+                        .map(move |(i, p)| ((t.name.clone(), i as u32), (t.id, p.epoch)))
+                })
+                .collect()
+        });
+        let stale: Vec<(String, u32)> = self
+            .inner
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(k, r)| wanted.get(*k) != Some(&(r.topic_id, r.epoch)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (topic, partition) in stale {
+            self.stop_writer(&topic, partition).await;
+        }
+        for (topic, partition) in wanted.keys() {
+            if let Err(e) = self.partition(topic, *partition).await {
+                warn!(topic, partition, error = %e.message, "cannot start the partition writer; will retry");
+            }
+        }
+    }
+
+    /// Stops a partition's writer and waits until it has answered everything queued.
+    async fn stop_writer(&self, topic: &str, partition: u32) {
+        let key = (topic.to_string(), partition);
+        let mut writers = self.inner.writers.lock().await;
+        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        if let Some(w) = writers.remove(&key) {
+            w.cancel.cancel();
+            if let Err(e) = w.task.await {
+                error!(topic, partition, error = %e, "partition writer panicked");
+            }
+            info!(topic, partition, "stopped the partition writer: metadata names another writer or epoch");
+        }
     }
 
     /// The metrics registry.
@@ -214,20 +370,30 @@ impl Agent {
     }
 
     /// The metadata service.
-    pub fn metadata(&self) -> &MetadataNode {
+    pub fn metadata(&self) -> &Metadata {
         &self.inner.metadata
     }
 
-    /// Stops the writers after they drained, and checkpoints acks a last time.
+    /// Stops the writers after they drained, checkpoints acks a last time and leaves the
+    /// cluster, so that metadata hands this agent's partitions over at once.
     pub async fn shutdown(&self) {
         self.inner.cancel.cancel();
         let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.tasks));
-        for t in tasks {
+        let writers: Vec<WriterTask> = self.inner.writers.lock().await.drain().map(|(_, w)| w).collect();
+        for t in tasks.into_iter().chain(writers.into_iter().map(|w| w.task)) {
             if let Err(e) = t.await {
                 error!(error = %e, "agent task panicked");
             }
         }
         self.checkpoint_acks().await;
+        let leave = Command::DeregisterAgent {
+            agent: self.inner.config.agent_id.clone(),
+            incarnation: self.inner.incarnation.load(Ordering::SeqCst),
+            now_ms: now_ms(),
+        };
+        if let Err(e) = self.inner.metadata.write(leave).await {
+            warn!(error = %e, "could not deregister from metadata; the lease will lapse instead");
+        }
     }
 
     fn topic_dir(&self, topic: &str, id: u64) -> PathBuf {
@@ -263,23 +429,49 @@ impl Agent {
         }
     }
 
-    /// The writer handle of a partition, opening the local log and claiming the partition on
-    /// first use.
+    /// The writer handle of a partition this agent writes, opening the local log and
+    /// reconciling it with metadata on first use. A partition another agent writes is a
+    /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
-        let t = self.topic_local(topic)?;
-        if partition as usize >= t.partitions.len() {
+        let mut t = self.topic(topic).await?;
+        if t.partitions
+            .get(partition as usize)
+            .is_some_and(|p| p.writer.as_deref() != Some(self.inner.config.agent_id.as_str()))
+        {
+            // The local copy may lag behind a writer change: check with a linearizable read.
+            t = self.inner.metadata.read(|s| s.topic(topic).cloned()).await??;
+        }
+        let Some(meta) = t.partitions.get(partition as usize) else {
             return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
-        }
+        };
         let key = (topic.to_string(), partition);
-        if let Some((id, h)) = self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            if *id == t.id {
-                return Ok(h.clone());
-            }
+        let current = |agent: &Agent| {
+            agent
+                .inner
+                .partitions
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .filter(|r| r.topic_id == t.id && r.epoch == meta.epoch)
+                .map(|r| r.handle.clone())
+        };
+        if let Some(h) = current(self) {
+            return Ok(h);
         }
-        let _guard = self.inner.open_lock.lock().await;
-        if let Some((id, h)) = self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            if *id == t.id {
-                return Ok(h.clone());
+        if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
+            return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
+        }
+        let mut writers = self.inner.writers.lock().await;
+        if let Some(h) = current(self) {
+            return Ok(h);
+        }
+        // An older writer of this partition (earlier epoch or topic id) must be gone before
+        // the log is opened again.
+        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        if let Some(old) = writers.remove(&key) {
+            old.cancel.cancel();
+            if let Err(e) = old.task.await {
+                error!(topic, partition, error = %e, "partition writer panicked");
             }
         }
         let dir = self.topic_dir(topic, t.id).join(partition.to_string());
@@ -295,25 +487,53 @@ impl Agent {
             local_retention_ms: t.config.local_retention_ms,
             local_retention_bytes: t.config.local_retention_bytes,
         };
+        let cancel = self.inner.cancel.child_token();
         let (handle, task) = partition_writer::start(
             log,
             config,
+            meta.epoch,
             self.inner.metadata.clone(),
             Arc::clone(&self.inner.metrics),
-            self.inner.cancel.child_token(),
+            cancel.clone(),
         )
         .await?;
-        {
-            let mut tasks = lock(&self.inner.tasks);
-            tasks.retain(|t| !t.is_finished());
-            tasks.push(task);
-        }
-        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(key, (t.id, handle.clone()));
+        writers.insert(key.clone(), WriterTask { cancel, task });
+        self.inner
+            .partitions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Running { topic_id: t.id, epoch: meta.epoch, handle: handle.clone() });
         Ok(handle)
+    }
+
+    fn not_writer(&self, topic: &str, partition: u32, writer: Option<&str>) -> ApiError {
+        let Some(writer) = writer else {
+            return ApiError::unavailable(format!(
+                "partition {topic}/{partition} has no writer yet: no agent is registered and live"
+            ));
+        };
+        let addr = self.inner.metadata.read_local(|s| s.agents.get(writer).map(|a| a.addr.clone()));
+        ApiError::new(
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            "not_writer",
+            format!(
+                "partition {topic}/{partition} is written by agent '{writer}' at {}; send it there",
+                addr.as_deref().unwrap_or("an unknown address")
+            ),
+        )
     }
 
     fn topic_local(&self, topic: &str) -> Result<Topic, ApiError> {
         Ok(self.inner.metadata.read_local(|s| s.topic(topic).cloned())?)
+    }
+
+    /// The topic from the local copy of metadata, or, if the copy does not have it (it may
+    /// lag behind a topic just created through another agent), from a linearizable read.
+    async fn topic(&self, topic: &str) -> Result<Topic, ApiError> {
+        match self.topic_local(topic) {
+            Ok(t) => Ok(t),
+            Err(_) => Ok(self.inner.metadata.read(|s| s.topic(topic).cloned()).await??),
+        }
     }
 
     /// Creates a topic and opens its partitions.
@@ -332,18 +552,20 @@ impl Agent {
         let Response::Topic { topic } = response else {
             return Err(ApiError::unavailable(format!("unexpected metadata reply: {response:?}")));
         };
-        for p in 0..partitions {
-            self.partition(name, p).await?;
-        }
+        // Start the writers this agent was given now, so the topic is ready when this returns.
+        self.supervise().await;
         Ok(self.topic_local(name).unwrap_or(topic))
     }
 
     /// Deletes a topic: metadata first, then the local data.
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
-        let id = self.topic_local(name)?.id;
+        let t = self.topic(name).await?;
+        let (id, count) = (t.id, t.partitions.len() as u32);
         self.inner.metadata.write(Command::DeleteTopic { name: name.to_string() }).await?;
-        let _guard = self.inner.open_lock.lock().await;
-        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).retain(|(t, _), _| t != name);
+        for p in 0..count {
+            self.stop_writer(name, p).await;
+        }
+        let _guard = self.inner.writers.lock().await;
         lock(&self.inner.cursors).retain(|(_, t, _), _| t != name);
         let dir = self.topic_dir(name, id);
         // Writers notice their channel closed and stop; their files go with the directory.
@@ -408,7 +630,7 @@ impl Agent {
                 ),
             ));
         }
-        let t = self.topic_local(topic)?;
+        let t = self.topic(topic).await?;
         let partitions = t.partitions.len() as u32;
         let max_bytes = t.config.max_message_bytes as usize;
         let spread = self.inner.spread.fetch_add(1, Ordering::Relaxed) % partitions;
@@ -507,7 +729,7 @@ impl Agent {
         body: Bytes,
     ) -> Result<(u64, u64), ApiError> {
         let started = Instant::now();
-        let t = self.topic_local(topic)?;
+        let t = self.topic(topic).await?;
         if body.len() as u64 > t.config.max_message_bytes {
             return Err(ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
@@ -701,7 +923,7 @@ impl Agent {
                 format!("session timeout must be between 1s and {}s", SESSION_TIMEOUT_MAX.as_secs()),
             ));
         }
-        let topic = self.topic_local(&req.topic)?;
+        let topic = self.topic(&req.topic).await?;
         let deadline = Instant::now() + req.timeout;
         loop {
             self.heartbeat(&req).await?;
@@ -1048,7 +1270,7 @@ impl Agent {
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&(topic.clone(), partition))
-                .map(|(_, h)| h.reader().high_watermark());
+                .map(|r| r.handle.reader().high_watermark());
             if let Some(hwm) = hwm {
                 self.inner
                     .metrics

@@ -133,7 +133,9 @@ impl From<MetadataError> for ApiError {
             MetadataError::Fenced { .. } => {
                 ApiError::unavailable(format!("{msg}; the partition changed writer, retry"))
             }
-            MetadataError::Unavailable(_) => ApiError::unavailable(msg),
+            MetadataError::Unavailable(_)
+            | MetadataError::UnknownAgent { .. }
+            | MetadataError::LeaseLapsed { .. } => ApiError::unavailable(msg),
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use silt_metadata::{Command, MetadataNode};
+use silt_metadata::{Command, Metadata};
 use silt_record::RecordBatch;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -95,7 +95,7 @@ impl PartitionHandle {
 struct PartitionWriter {
     log: Option<PartitionLog>,
     config: WriterConfig,
-    metadata: MetadataNode,
+    metadata: Metadata,
     metrics: Arc<Metrics>,
     epoch: u64,
     failed: Option<String>,
@@ -118,31 +118,16 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Claims the partition for this agent (bumping its epoch), reconciles the recovered log with
-/// the metadata's segment chain and starts the writer task.
+/// Reconciles the recovered log with the metadata's segment chain under `epoch` (metadata
+/// named this agent writer at that epoch) and starts the writer task.
 pub async fn start(
     log: PartitionLog,
     config: WriterConfig,
-    metadata: MetadataNode,
+    epoch: u64,
+    metadata: Metadata,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) -> Result<(PartitionHandle, JoinHandle<()>), StoreError> {
-    let epoch = match metadata
-        .write(Command::ClaimWriter {
-            topic: config.topic.clone(),
-            partition: config.partition,
-            agent: config.agent_id.clone(),
-            expected_epoch: None,
-        })
-        .await?
-    {
-        silt_metadata::Response::Epoch { epoch } => epoch,
-        other => {
-            return Err(StoreError::Failed(format!(
-                "unexpected metadata reply to a writer claim: {other:?}"
-            )));
-        }
-    };
     let reader = log.reader();
     let mut writer = PartitionWriter {
         log: Some(log),
@@ -170,8 +155,8 @@ impl PartitionWriter {
         self.log.as_ref().expect("partition log is present outside blocking sections")
     }
 
-    /// After a restart the writer has changed (a new epoch), so the segment that was open is
-    /// sealed at the end this replica recovered and a new one is opened after it.
+    /// Every start is a writer change (a new epoch), so the segment that was open is sealed at
+    /// the end this replica recovered and a new one is opened after it.
     async fn reconcile(&mut self) -> Result<(), StoreError> {
         let (topic, partition) = (self.config.topic.clone(), self.config.partition);
         let meta = self
@@ -185,27 +170,46 @@ impl PartitionWriter {
                 })
             })?;
         if let Some(open) = meta.open_segment() {
-            let summary = self
-                .log()
-                .segments()
-                .iter()
-                .find(|s| s.base_offset() == open.base_offset)
-                .map(|s| SealedSummary {
-                    base_offset: s.base_offset(),
-                    record_count: s.next_offset() - s.base_offset(),
-                    size_bytes: s.size_bytes(),
-                    min_timestamp_ms: s.min_timestamp_ms(),
-                    max_timestamp_ms: s.max_timestamp_ms(),
-                    next_base: s.next_offset(),
-                })
-                .unwrap_or(SealedSummary {
-                    base_offset: open.base_offset,
-                    record_count: 0,
-                    size_bytes: 0,
-                    min_timestamp_ms: None,
-                    max_timestamp_ms: None,
-                    next_base: open.base_offset,
-                });
+            // Only a member of the open segment's ensemble holds a replica of it: any other
+            // local segment at that offset (a fresh empty log starts at 0) is not one.
+            let member = open.ensemble.contains(&self.config.agent_id);
+            let local =
+                self.log().segments().iter().find(|s| member && s.base_offset() == open.base_offset).map(
+                    |s| SealedSummary {
+                        base_offset: s.base_offset(),
+                        record_count: s.next_offset() - s.base_offset(),
+                        size_bytes: s.size_bytes(),
+                        min_timestamp_ms: s.min_timestamp_ms(),
+                        max_timestamp_ms: s.max_timestamp_ms(),
+                        next_base: s.next_offset(),
+                    },
+                );
+            if !member {
+                // The open segment's records are on other agents' disks: sealing it here would
+                // drop acknowledged messages. Wait until one of them writes it again (metadata
+                // gives the partition back to a returning ensemble member).
+                return Err(StoreError::Failed(format!(
+                    "partition {topic}/{partition} is waiting for its open segment at offset {} held by agent(s) {}; \
+                     it becomes writable when one of them is back",
+                    open.base_offset,
+                    open.ensemble.join(", ")
+                )));
+            }
+            if local.is_none() {
+                error!(
+                    base_offset = open.base_offset,
+                    "this agent held the open segment but its local log does not have it (a new or wiped data \
+                     directory); sealing it empty: its unarchived records are lost"
+                );
+            }
+            let summary = local.unwrap_or(SealedSummary {
+                base_offset: open.base_offset,
+                record_count: 0,
+                size_bytes: 0,
+                min_timestamp_ms: None,
+                max_timestamp_ms: None,
+                next_base: open.base_offset,
+            });
             self.metadata.write(self.seal_command(&summary)).await?;
         }
         let next_base = self

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
-use silt_metadata::{MetadataClient, NodeRole, NodeStatus};
+use silt_metadata::{MetadataClient, MetadataState, NodeRole, NodeStatus};
 
 /// How long each node may take to answer `cluster status`.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,6 +23,48 @@ pub struct ClusterStatus {
     pub members: Vec<MemberStatus>,
     /// Nodes that did not answer, with why.
     pub unreachable: Vec<Unreachable>,
+    /// Registered agents, from a linearizable read (empty if the read failed: see `state_error`).
+    pub agents: Vec<AgentStatus>,
+    /// Every partition's writer and epoch.
+    pub partitions: Vec<PartitionWriterStatus>,
+    /// Why agents and partitions could not be read (no quorum), if so.
+    pub state_error: Option<String>,
+}
+
+/// One agent in [`ClusterStatus`].
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentStatus {
+    /// Agent id.
+    pub id: String,
+    /// Where it serves.
+    pub addr: String,
+    /// Which registration of the agent this is (bumped at every start).
+    pub incarnation: u64,
+    /// Whether its lease holds now, by this machine's clock.
+    pub live: bool,
+    /// Milliseconds since its last heartbeat, by this machine's clock.
+    pub lease_age_ms: u64,
+    /// Its lease.
+    pub lease_ms: u64,
+    /// Partitions it writes.
+    pub partitions: usize,
+}
+
+/// One partition's writer in [`ClusterStatus`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionWriterStatus {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// The writer agent.
+    pub writer: Option<String>,
+    /// The partition epoch (bumped at every writer change).
+    pub epoch: u64,
+    /// The open segment's first offset, if one is open.
+    pub open_segment: Option<u64>,
+    /// The agents holding the open segment.
+    pub ensemble: Vec<String>,
 }
 
 /// One member in [`ClusterStatus`].
@@ -144,7 +186,58 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
             r.as_ref().err().map(|e| Unreachable { addr: addr.clone(), error: e.clone() })
         })
         .collect();
-    Ok(ClusterStatus { leader, term, joint: reference.membership.joint, members, unreachable })
+    let (agents, partitions, state_error) = match client.read_state().await {
+        Ok(reply) => {
+            let (agents, partitions) = agents_and_writers(&reply.state);
+            (agents, partitions, None)
+        }
+        Err(e) => (Vec::new(), Vec::new(), Some(e.to_string())),
+    };
+    Ok(ClusterStatus {
+        leader,
+        term,
+        joint: reference.membership.joint,
+        members,
+        unreachable,
+        agents,
+        partitions,
+        state_error,
+    })
+}
+
+fn agents_and_writers(state: &MetadataState) -> (Vec<AgentStatus>, Vec<PartitionWriterStatus>) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+        .max(state.clock_ms);
+    let partitions: Vec<PartitionWriterStatus> = state
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.partitions.iter().enumerate().map(|(i, p)| PartitionWriterStatus {
+                topic: t.name.clone(),
+                partition: i as u32,
+                writer: p.writer.clone(),
+                epoch: p.epoch,
+                open_segment: p.open_segment().map(|s| s.base_offset),
+                ensemble: p.open_segment().map(|s| s.ensemble.clone()).unwrap_or_default(),
+            })
+        })
+        .collect();
+    let agents = state
+        .agents
+        .values()
+        .map(|a| AgentStatus {
+            id: a.id.clone(),
+            addr: a.addr.clone(),
+            incarnation: a.incarnation,
+            live: a.is_live(now),
+            lease_age_ms: now.saturating_sub(a.last_heartbeat_ms),
+            lease_ms: a.lease_ms,
+            partitions: partitions.iter().filter(|p| p.writer.as_deref() == Some(a.id.as_str())).count(),
+        })
+        .collect();
+    (agents, partitions)
 }
 
 fn strip_scheme(base: &str) -> String {

@@ -10,7 +10,7 @@ use silt_agent::metrics::Metrics;
 use silt_agent::{Agent, AgentConfig, Archive};
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};
-use silt_metadata::MetadataNode;
+use silt_metadata::{Metadata, MetadataNode};
 use silt_record::Record;
 use silt_tiering::cold_reader::{ColdReader, ColdReaderOptions};
 use silt_tiering::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
@@ -65,11 +65,65 @@ pub async fn run(config: DevConfig) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr().context("listener has no address")?;
-
     let url = match &config.object_store {
         Some(u) => u.clone(),
         None => default_object_store_url(&config.data_dir)?,
     };
+    let metadata = MetadataNode::open(&config.data_dir.join("metadata"), 1, addr.to_string())
+        .await
+        .context("cannot start the metadata service")?;
+    let served = serve(ServeConfig {
+        name: "silt dev",
+        agent_id: "dev".into(),
+        advertise_addr: addr.to_string(),
+        listener,
+        data_dir: config.data_dir.clone(),
+        object_store: url,
+        cache_memory_bytes: config.cache_memory_bytes,
+        cache_disk_bytes: config.cache_disk_bytes,
+        metadata: metadata.clone().into(),
+        lease: silt_agent::agent::DEFAULT_LEASE,
+        compactor: CompactorScope::All,
+    })
+    .await;
+    metadata.shutdown().await;
+    drop(lock);
+    served
+}
+
+/// Which sealed segments the compactor of an agent process archives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactorScope {
+    /// Every sealed segment (one process holds them all: `silt dev`).
+    All,
+    /// Those this agent holds a replica of.
+    Held,
+    /// None: a `silt compactor` process, or no archive.
+    Off,
+}
+
+/// What an agent process (`silt dev`, `silt agent`) serves with.
+pub(crate) struct ServeConfig {
+    /// How the startup line names the process.
+    pub name: &'static str,
+    pub agent_id: String,
+    pub advertise_addr: String,
+    pub listener: tokio::net::TcpListener,
+    /// `<data_dir>/agent` holds the local logs, `<data_dir>/cache` the cold-read cache.
+    pub data_dir: PathBuf,
+    pub object_store: String,
+    pub cache_memory_bytes: usize,
+    pub cache_disk_bytes: usize,
+    pub metadata: Metadata,
+    pub lease: std::time::Duration,
+    pub compactor: CompactorScope,
+}
+
+/// Serves the agent API (and the compactor) until SIGINT or SIGTERM, then drains and stops
+/// the agent. The caller owns the metadata and the data directory lock.
+pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
+    let addr = config.listener.local_addr().context("listener has no address")?;
+    let url = config.object_store.clone();
     let archive =
         object_store_from_url(&url).with_context(|| format!("cannot open the object store {url}"))?;
     let mut base: Arc<dyn ObjectStore> = archive.store;
@@ -96,14 +150,17 @@ pub async fn run(config: DevConfig) -> Result<()> {
     .context("cannot start the cold-read cache")?;
     let cold = Arc::new(cold);
 
-    let metadata = MetadataNode::open(&config.data_dir.join("metadata"), 1, addr.to_string())
-        .await
-        .context("cannot start the metadata service")?;
     let cancel = CancellationToken::new();
     let metrics = Arc::new(Metrics::new());
+    let mut agent_config = AgentConfig::new(
+        config.agent_id.clone(),
+        config.advertise_addr.clone(),
+        config.data_dir.join("agent"),
+    );
+    agent_config.lease = config.lease;
     let agent = Agent::start(
-        AgentConfig { agent_id: "dev".into(), data_dir: config.data_dir.join("agent") },
-        metadata.clone(),
+        agent_config,
+        config.metadata.clone(),
         Arc::clone(&metrics),
         Some(Archive { cold: Arc::clone(&cold), store: Arc::clone(&store), prefix: archive.prefix.clone() }),
         cancel.clone(),
@@ -112,15 +169,20 @@ pub async fn run(config: DevConfig) -> Result<()> {
     .context("cannot start the agent")?;
 
     let compactor_metrics = Arc::new(CompactorMetrics::new());
-    let compactor = Compactor::new(
-        CompactorConfig::default(),
-        metadata.clone(),
-        Arc::clone(&store),
-        archive.prefix.clone(),
-        Arc::new(LocalAgent(agent.clone())),
-        Arc::clone(&compactor_metrics),
-    );
-    let compactor_task = tokio::spawn(compactor.run(cancel.child_token()));
+    let compactor_task = (config.compactor != CompactorScope::Off).then(|| {
+        let compactor = Compactor::new(
+            CompactorConfig {
+                holder: (config.compactor == CompactorScope::Held).then(|| config.agent_id.clone()),
+                ..CompactorConfig::default()
+            },
+            config.metadata.clone(),
+            Arc::clone(&store),
+            archive.prefix.clone(),
+            Arc::new(LocalAgent(agent.clone())),
+            Arc::clone(&compactor_metrics),
+        );
+        tokio::spawn(compactor.run(cancel.child_token()))
+    });
     {
         let compactor_metrics = Arc::clone(&compactor_metrics);
         metrics.add_source(move || compactor_metrics.encode());
@@ -131,21 +193,25 @@ pub async fn run(config: DevConfig) -> Result<()> {
     }
 
     // Tests and scripts read this line to find the address.
-    println!("silt dev listening on http://{addr} (data in {}, archive {url})", config.data_dir.display());
-    info!(%addr, archive = %url, "serving");
+    println!(
+        "{} listening on http://{addr} (data in {}, archive {url})",
+        config.name,
+        config.data_dir.display()
+    );
+    info!(%addr, archive = %url, agent = %config.agent_id, "serving");
     let stop = cancel.clone();
-    let server = silt_agent::api::serve(listener, agent.clone(), async move {
+    let server = silt_agent::api::serve(config.listener, agent.clone(), async move {
         shutdown_signal().await;
         stop.cancel();
     });
     server.await.context("API server failed")?;
     info!("shutting down");
-    if let Err(e) = compactor_task.await {
-        warn!(error = %e, "the compactor task failed");
+    if let Some(task) = compactor_task {
+        if let Err(e) = task.await {
+            warn!(error = %e, "the compactor task failed");
+        }
     }
     agent.shutdown().await;
-    metadata.shutdown().await;
-    drop(lock);
     Ok(())
 }
 
@@ -164,7 +230,7 @@ async fn shutdown_signal() {
     }
 }
 
-fn init_tracing() {
+pub(crate) fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SILT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();

@@ -7,6 +7,7 @@
 //! Rust client every tool shares (the CLI, the end-to-end tests, the benchmark tool). It holds
 //! no state of its own.
 
+pub mod agent;
 pub mod archive;
 pub mod bucket;
 pub mod client;

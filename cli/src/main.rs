@@ -96,6 +96,52 @@ enum Cmd {
         #[arg(long, hide = true)]
         election_timeout_ms: Option<u64>,
     },
+    /// Run an agent against a metadata cluster; run several, each with its own --id and --data-dir.
+    ///
+    /// The agent registers with metadata, holds a lease it renews every third of --lease, and
+    /// writes the partitions metadata gives it. When its lease lapses (a crash, a pause, a cut
+    /// network), metadata names another live agent writer of its partitions with a higher
+    /// epoch. Every agent of a cluster shares one bucket (--object-store). By default it also
+    /// archives the sealed segments it holds. SIGINT or SIGTERM drains, deregisters and exits.
+    ///
+    /// Example, against the three metadata nodes of `silt metadata --help`:
+    ///   silt agent --id a1 --listen 127.0.0.1:7201 --metadata 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 \
+    ///     --data-dir a1 --object-store s3://silt-archive/prod
+    #[command(verbatim_doc_comment)]
+    Agent {
+        /// This agent's id: stable across restarts, unique in the cluster.
+        #[arg(long)]
+        id: String,
+        /// Address to serve the API on.
+        #[arg(long, default_value = "127.0.0.1:7201")]
+        listen: SocketAddr,
+        /// Address other agents and clients use to reach this one, as HOST:PORT (default: --listen).
+        #[arg(long, value_name = "HOST:PORT")]
+        advertise: Option<String>,
+        /// Metadata nodes as HOST:PORT, comma separated; any node of the cluster will do.
+        #[arg(long, env = "SILT_METADATA", value_delimiter = ',', required = true)]
+        metadata: Vec<String>,
+        /// Directory for the local logs and the cache (created if missing).
+        #[arg(long, default_value = "./silt-agent")]
+        data_dir: PathBuf,
+        /// The bucket all agents share: s3://bucket/prefix (standard AWS_* variables) or
+        /// file:///path (a folder every agent can reach).
+        #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
+        object_store: String,
+        /// Memory for the cache of archived data read back (bytes).
+        #[arg(long, default_value_t = 64 * 1024 * 1024)]
+        cache_memory_bytes: usize,
+        /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
+        #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+        cache_disk_bytes: usize,
+        /// Metadata moves this agent's partitions to another agent when it has not heartbeated
+        /// for this long (0.5s to 10m).
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        lease: Duration,
+        /// Do not archive sealed segments from this agent (a `silt compactor` does it).
+        #[arg(long)]
+        no_compactor: bool,
+    },
     /// Inspect and change the metadata cluster (`silt metadata` nodes).
     Cluster {
         #[command(subcommand)]
@@ -332,6 +378,32 @@ async fn run(cli: Cli) -> Result<()> {
                 object_store,
                 cache_memory_bytes,
                 cache_disk_bytes,
+            })
+            .await
+        }
+        Cmd::Agent {
+            id,
+            listen,
+            advertise,
+            metadata,
+            data_dir,
+            object_store,
+            cache_memory_bytes,
+            cache_disk_bytes,
+            lease,
+            no_compactor,
+        } => {
+            silt::agent::run(silt::agent::AgentProcessConfig {
+                id,
+                listen,
+                advertise,
+                metadata,
+                data_dir,
+                object_store,
+                cache_memory_bytes,
+                cache_disk_bytes,
+                lease,
+                compactor: !no_compactor,
             })
             .await
         }

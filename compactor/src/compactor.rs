@@ -8,7 +8,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use silt_metadata::state::{Segment, SegmentState};
-use silt_metadata::{Command, MetadataError, MetadataNode};
+use silt_metadata::{Command, Metadata, MetadataError};
 use silt_tiering::archive_format::{encode_archive, read_archive_meta, ArchiveMeta, ArchiveWriterOptions};
 use silt_tiering::object_layout::object_key;
 use tokio::sync::Semaphore;
@@ -35,6 +35,10 @@ pub struct CompactorConfig {
     pub part_bytes: usize,
     /// Parquet writer settings.
     pub writer: ArchiveWriterOptions,
+    /// `Some(agent)`: archive only segments whose ensemble includes this agent, and enforce
+    /// retention only on the partitions it writes (a compactor inside each agent of a
+    /// cluster). `None`: every sealed segment and every partition.
+    pub holder: Option<String>,
 }
 
 impl Default for CompactorConfig {
@@ -46,6 +50,7 @@ impl Default for CompactorConfig {
             single_put_bytes_max: 256 * 1024 * 1024,
             part_bytes: 64 * 1024 * 1024,
             writer: ArchiveWriterOptions::default(),
+            holder: None,
         }
     }
 }
@@ -58,7 +63,7 @@ pub struct Compactor {
 
 struct Inner {
     config: CompactorConfig,
-    metadata: MetadataNode,
+    metadata: Metadata,
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     source: Arc<dyn SegmentSource>,
@@ -91,7 +96,7 @@ impl Compactor {
     /// A compactor writing objects under `prefix` of `store`.
     pub fn new(
         config: CompactorConfig,
-        metadata: MetadataNode,
+        metadata: Metadata,
         store: Arc<dyn ObjectStore>,
         prefix: Path,
         source: Arc<dyn SegmentSource>,
@@ -161,19 +166,24 @@ impl Compactor {
     }
 
     fn candidates(&self) -> Vec<Candidate> {
+        let holder = self.inner.config.holder.as_deref();
         let mut out: Vec<Candidate> = self.inner.metadata.read_local(|s| {
             s.topics
                 .values()
                 .flat_map(|t| {
                     t.partitions.iter().enumerate().flat_map(move |(p, part)| {
-                        part.segments.values().filter(|seg| seg.state == SegmentState::Sealed).map(
-                            move |seg| Candidate {
+                        part.segments
+                            .values()
+                            .filter(move |seg| {
+                                seg.state == SegmentState::Sealed
+                                    && holder.is_none_or(|h| seg.ensemble.iter().any(|a| a == h))
+                            })
+                            .map(move |seg| Candidate {
                                 topic: t.name.clone(),
                                 partitions: t.partitions.len() as u32,
                                 partition: p as u32,
                                 segment: seg.clone(),
-                            },
-                        )
+                            })
                     })
                 })
                 .collect()
@@ -356,12 +366,16 @@ impl Compactor {
     /// to a missing object, then the objects.
     async fn enforce_retention(&self) -> Result<(), CompactorError> {
         let now = now_ms();
+        let holder = self.inner.config.holder.as_deref();
         let expired: Vec<Expired> = self.inner.metadata.read_local(|s| {
             let mut out = Vec::new();
             for t in s.topics.values() {
                 let Some(retention_ms) = t.config.retention_ms else { continue };
                 let cutoff = now.saturating_sub(retention_ms) as i64;
                 for (p, part) in t.partitions.iter().enumerate() {
+                    if holder.is_some_and(|h| part.writer.as_deref() != Some(h)) {
+                        continue;
+                    }
                     let n = part.segments.len();
                     let old: Vec<(u64, String)> = part
                         .segments

@@ -96,7 +96,7 @@ fn compactor(
 ) -> Compactor {
     Compactor::new(
         config,
-        m.clone(),
+        m.clone().into(),
         store,
         Path::from("archive"),
         Arc::new(source),

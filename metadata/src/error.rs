@@ -49,6 +49,20 @@ pub enum MetadataError {
         /// The partition's epoch.
         actual: u64,
     },
+    /// The agent is not registered, or registered again since (a newer incarnation).
+    #[error("agent '{agent}' is not registered as incarnation {incarnation}; it must register again")]
+    UnknownAgent {
+        /// Agent id.
+        agent: String,
+        /// The incarnation the caller holds.
+        incarnation: u64,
+    },
+    /// The agent's lease lapsed; its partitions may have new writers.
+    #[error("the lease of agent '{agent}' lapsed; it must register again")]
+    LeaseLapsed {
+        /// Agent id.
+        agent: String,
+    },
     /// The metadata service could not complete the request (no quorum, storage failure, shutdown).
     #[error("metadata service unavailable: {0}")]
     Unavailable(String),

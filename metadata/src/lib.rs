@@ -17,6 +17,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests may unwrap"))]
 
+pub mod agent_registry;
 mod atomic_file;
 mod error;
 mod frame;
@@ -24,6 +25,7 @@ pub mod http_api;
 pub mod http_network;
 pub mod log_store;
 pub mod metadata_client;
+pub mod metadata_handle;
 mod metadata_node;
 pub mod metadata_server;
 pub mod network;
@@ -42,6 +44,7 @@ pub use error::MetadataError;
 pub use http_api::StateReply;
 pub use log_store::LogStore;
 pub use metadata_client::{MetadataClient, MetadataClientOptions};
+pub use metadata_handle::{Metadata, RemoteMetadata};
 pub use metadata_node::{MetadataNode, MetadataNodeOptions, REQUEST_TIMEOUT};
 pub use node_status::{Member, NodeRole, NodeStatus};
 pub use raft_types::TypeConfig;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::agent_registry::AgentInfo;
 use crate::topic_config::{TopicConfig, PARTITIONS_MAX};
 use crate::MetadataError;
 
@@ -26,6 +27,13 @@ pub struct MetadataState {
     pub groups: BTreeMap<String, Group>,
     /// Id given to the next topic created; ids are never reused.
     pub next_topic_id: u64,
+    /// Registered agents by id, live or with a lapsed lease.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentInfo>,
+    /// The newest proposer clock seen (ms since the Unix epoch); leases are judged by it, so
+    /// time in the state machine never runs backwards.
+    #[serde(default)]
+    pub clock_ms: u64,
 }
 
 /// A topic and its partitions.
@@ -335,6 +343,36 @@ pub enum Command {
         /// Group name.
         group: String,
     },
+    /// An agent (re)starts: it gets a new incarnation and a lease, and every partition it
+    /// writes gets a new epoch, so whatever its previous incarnation did is fenced.
+    RegisterAgent {
+        /// Agent id.
+        agent: String,
+        /// Where other agents and clients reach it (`host:port`).
+        addr: String,
+        /// The lease lapses this long after the last heartbeat.
+        lease_ms: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// An agent renews its lease. Partitions of agents whose lease lapsed get new writers.
+    AgentHeartbeat {
+        /// Agent id.
+        agent: String,
+        /// The incarnation `RegisterAgent` returned; an older one is refused.
+        incarnation: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// An agent leaves on purpose: its partitions get new writers at once.
+    DeregisterAgent {
+        /// Agent id.
+        agent: String,
+        /// The incarnation `RegisterAgent` returned; an older one is refused.
+        incarnation: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
 }
 
 /// What applying a command produced.
@@ -359,6 +397,11 @@ pub enum Response {
         generation: u64,
         /// Partitions assigned to this member (all partitions in shared mode).
         partitions: Vec<u32>,
+    },
+    /// An agent's incarnation after it registered.
+    Registered {
+        /// Distinguishes this process of the agent from earlier ones.
+        incarnation: u64,
     },
     /// The command was refused; the state is unchanged.
     Error {
@@ -406,8 +449,10 @@ impl MetadataState {
                     created_ms: *now_ms,
                 };
                 self.next_topic_id += 1;
-                self.topics.insert(name.clone(), topic.clone());
-                Ok(Response::Topic { topic })
+                self.topics.insert(name.clone(), topic);
+                self.advance_clock(*now_ms);
+                self.assign_writers();
+                Ok(Response::Topic { topic: self.topics[name].clone() })
             }
             Command::DeleteTopic { name } => {
                 if self.topics.remove(name).is_none() {
@@ -694,6 +739,15 @@ impl MetadataState {
                 }
                 Ok(Response::Ok)
             }
+            Command::RegisterAgent { agent, addr, lease_ms, now_ms } => {
+                self.register_agent(agent, addr, *lease_ms, *now_ms)
+            }
+            Command::AgentHeartbeat { agent, incarnation, now_ms } => {
+                self.heartbeat_agent(agent, *incarnation, *now_ms)
+            }
+            Command::DeregisterAgent { agent, incarnation, now_ms } => {
+                self.deregister_agent(agent, *incarnation, *now_ms)
+            }
         }
     }
 
@@ -717,7 +771,7 @@ fn check_epoch(p: &Partition, epoch: u64) -> Result<(), MetadataError> {
     Ok(())
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), MetadataError> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), MetadataError> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX || name.chars().any(|c| c.is_control()) {
         return Err(MetadataError::InvalidArgument(format!(
             "{what} name must be 1 to {NAME_BYTES_MAX} bytes without control characters"

@@ -41,8 +41,11 @@ where
     }
 }
 
-/// A running `silt dev` process.
+/// A running `silt dev` process, or a `silt agent` (see [`SiltDev::start_agent`]): both serve
+/// the agent API.
 pub struct SiltDev {
+    /// `["dev"]`, or `["agent", "--id", ...]`: the arguments before `--listen`.
+    command: Vec<String>,
     child: Option<Child>,
     data_dir: PathBuf,
     url: String,
@@ -60,6 +63,19 @@ pub struct DevOptions {
     pub env: Vec<(String, String)>,
 }
 
+/// How to start `silt agent`.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// `--id`.
+    pub id: String,
+    /// `--metadata` nodes.
+    pub metadata: Vec<String>,
+    /// `--object-store`, shared by every agent of the cluster.
+    pub object_store: String,
+    /// `--lease`, e.g. "2s".
+    pub lease: String,
+}
+
 impl SiltDev {
     /// Starts `silt dev` in a fresh temporary directory.
     pub fn start() -> SiltDev {
@@ -71,11 +87,36 @@ impl SiltDev {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("data");
         let mut dev = SiltDev {
+            command: vec!["dev".into()],
             child: None,
             data_dir,
             url: String::new(),
             log: tmp.path().join("silt.log"),
             options,
+            _tmp: Some(tmp),
+        };
+        dev.spawn();
+        dev
+    }
+
+    /// Starts `silt agent` in a fresh temporary directory.
+    pub fn start_agent(agent: &AgentOptions) -> SiltDev {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut dev = SiltDev {
+            command: vec![
+                "agent".into(),
+                "--id".into(),
+                agent.id.clone(),
+                "--metadata".into(),
+                agent.metadata.join(","),
+                "--lease".into(),
+                agent.lease.clone(),
+            ],
+            child: None,
+            data_dir: tmp.path().join("data"),
+            url: String::new(),
+            log: tmp.path().join("silt.log"),
+            options: DevOptions { object_store: Some(agent.object_store.clone()), env: Vec::new() },
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -90,7 +131,7 @@ impl SiltDev {
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
         let mut cmd = Command::new(silt_bin());
-        cmd.args(["dev", "--listen", "127.0.0.1:0", "--data-dir"]).arg(&self.data_dir);
+        cmd.args(&self.command).args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(&self.data_dir);
         if let Some(url) = &self.options.object_store {
             cmd.args(["--object-store", url]);
         }
@@ -101,12 +142,13 @@ impl SiltDev {
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
-            .expect("spawn silt dev");
+            .expect("spawn silt");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
+        let ready = format!("silt {} listening on ", self.command[0]);
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(rest) = line.strip_prefix("silt dev listening on ") {
+                if let Some(rest) = line.strip_prefix(ready.as_str()) {
                     let url = rest.split_whitespace().next().unwrap_or_default().to_string();
                     let _ = tx.send(url);
                 }
@@ -114,7 +156,8 @@ impl SiltDev {
         });
         let url = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
             panic!(
-                "silt dev did not start within 30s; log:\n{}",
+                "silt {} did not start within 30s; log:\n{}",
+                self.command[0],
                 std::fs::read_to_string(&self.log).unwrap_or_default()
             )
         });

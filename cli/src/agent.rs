@@ -1,0 +1,77 @@
+//! `silt agent`: one agent in its own process, against a metadata cluster.
+//!
+//! The agent registers with metadata under `--id` (a new incarnation and a lease), heartbeats,
+//! and writes the partitions metadata names it writer of. Its local logs live under
+//! `<data-dir>/agent`, the cold-read cache under `<data-dir>/cache`; it keeps nothing that
+//! metadata, the bucket and the replicas cannot rebuild, so an agent restarted with an empty
+//! data directory rejoins and is given work. By default it also archives the sealed segments
+//! it holds.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use silt_metadata::{Metadata, MetadataClient, RemoteMetadata};
+use tokio_util::sync::CancellationToken;
+
+use crate::data_dir::lock_data_dir;
+use crate::dev::{init_tracing, serve, CompactorScope, ServeConfig};
+
+/// What `silt agent` runs with.
+#[derive(Debug, Clone)]
+pub struct AgentProcessConfig {
+    /// Agent id, stable across restarts.
+    pub id: String,
+    /// Address to serve the API on.
+    pub listen: SocketAddr,
+    /// Address recorded in metadata for other agents and clients; default `listen`.
+    pub advertise: Option<String>,
+    /// Metadata nodes (`host:port`); any of the cluster will do.
+    pub metadata: Vec<String>,
+    /// All local state lives under this directory.
+    pub data_dir: PathBuf,
+    /// The bucket every agent of the cluster shares.
+    pub object_store: String,
+    /// Memory of the cold-read cache.
+    pub cache_memory_bytes: usize,
+    /// Disk of the cold-read cache; 0 turns the disk tier off.
+    pub cache_disk_bytes: usize,
+    /// The agent's lease in metadata.
+    pub lease: Duration,
+    /// Archive the sealed segments this agent holds.
+    pub compactor: bool,
+}
+
+/// Runs the agent until SIGINT or SIGTERM, then drains, deregisters and stops.
+pub async fn run(config: AgentProcessConfig) -> Result<()> {
+    init_tracing();
+    let lock = lock_data_dir(&config.data_dir)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr().context("listener has no address")?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let client = MetadataClient::new(config.metadata.clone()).context("invalid --metadata")?;
+    let cancel = CancellationToken::new();
+    let remote = RemoteMetadata::connect(client, cancel.clone())
+        .await
+        .with_context(|| format!("cannot reach the metadata cluster at {}", config.metadata.join(",")))?;
+    let served = serve(ServeConfig {
+        name: "silt agent",
+        agent_id: config.id.clone(),
+        advertise_addr: advertise,
+        listener,
+        data_dir: config.data_dir.clone(),
+        object_store: config.object_store.clone(),
+        cache_memory_bytes: config.cache_memory_bytes,
+        cache_disk_bytes: config.cache_disk_bytes,
+        metadata: Metadata::Remote(remote),
+        lease: config.lease,
+        compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },
+    })
+    .await;
+    cancel.cancel();
+    drop(lock);
+    served
+}

@@ -1,0 +1,422 @@
+//! Agents, their leases, and which agent writes each partition.
+//!
+//! Part of the state machine: every function here runs inside `MetadataState::apply`, so it
+//! is deterministic and judges time only by the proposers' clocks carried in the commands
+//! (`MetadataState::clock_ms`, the newest seen, so time never runs backwards).
+//!
+//! An agent registers (a new incarnation, a lease), then heartbeats. Every partition has at
+//! most one writer; when the writer's lease lapses (or it deregisters), the next command that
+//! carries a clock names the live agent with the fewest partitions as writer and bumps the
+//! partition's epoch, which fences the old writer everywhere. Registering again bumps the epoch
+//! of every partition the agent writes: a restarted agent reconciles under a new epoch.
+//!
+//! A new writer must recover the open segment from its ensemble before it can write. Until
+//! replicas exist on other agents, the lapsed writer may be the only one holding it, so a new
+//! writer is chosen among the live ensemble members first, and an agent that comes back gets
+//! back the partitions whose open segment it holds and whose writer has not recovered it yet
+//! (the open segment is still from an older epoch).
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{check_name, MetadataState, Response};
+use crate::MetadataError;
+
+/// Shortest lease an agent may ask for.
+pub const LEASE_MS_MIN: u64 = 500;
+/// Longest lease an agent may ask for.
+pub const LEASE_MS_MAX: u64 = 600_000;
+/// Most agents the registry holds.
+pub const AGENTS_MAX: usize = 1_000;
+/// An agent whose lease lapsed this long ago, and that writes nothing, is forgotten.
+pub const AGENT_FORGET_MS: u64 = 24 * 60 * 60 * 1000;
+/// Longest `host:port` an agent may register.
+const ADDR_BYTES_MAX: usize = 255;
+
+/// A registered agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// Agent id.
+    pub id: String,
+    /// Where it serves (`host:port`).
+    pub addr: String,
+    /// Bumped at every registration; heartbeats of older incarnations are refused.
+    pub incarnation: u64,
+    /// The lease lapses this long after the last heartbeat.
+    pub lease_ms: u64,
+    /// When the current incarnation registered.
+    pub registered_ms: u64,
+    /// The last heartbeat (or registration).
+    pub last_heartbeat_ms: u64,
+}
+
+impl AgentInfo {
+    /// Whether the lease still holds at `now_ms`.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms <= self.last_heartbeat_ms.saturating_add(self.lease_ms)
+    }
+}
+
+impl MetadataState {
+    /// Agents whose lease holds at the state machine's clock.
+    pub fn live_agents(&self) -> impl Iterator<Item = &AgentInfo> {
+        self.agents.values().filter(|a| a.is_live(self.clock_ms))
+    }
+
+    pub(crate) fn advance_clock(&mut self, now_ms: u64) {
+        self.clock_ms = self.clock_ms.max(now_ms);
+    }
+
+    pub(crate) fn register_agent(
+        &mut self,
+        agent: &str,
+        addr: &str,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        check_name("agent", agent)?;
+        if addr.is_empty() || addr.len() > ADDR_BYTES_MAX || addr.chars().any(|c| c.is_control() || c == ' ')
+        {
+            return Err(MetadataError::InvalidArgument(format!(
+                "agent address must be host:port, 1 to {ADDR_BYTES_MAX} bytes, got '{addr}'"
+            )));
+        }
+        if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&lease_ms) {
+            return Err(MetadataError::InvalidArgument(format!(
+                "agent lease must be between {LEASE_MS_MIN} and {LEASE_MS_MAX} ms, got {lease_ms}"
+            )));
+        }
+        if !self.agents.contains_key(agent) && self.agents.len() >= AGENTS_MAX {
+            return Err(MetadataError::InvalidArgument(format!(
+                "the cluster already has {AGENTS_MAX} registered agents"
+            )));
+        }
+        self.advance_clock(now_ms);
+        let now = self.clock_ms;
+        let incarnation = self.agents.get(agent).map_or(1, |a| a.incarnation + 1);
+        self.agents.insert(
+            agent.to_string(),
+            AgentInfo {
+                id: agent.to_string(),
+                addr: addr.to_string(),
+                incarnation,
+                lease_ms,
+                registered_ms: now,
+                last_heartbeat_ms: now,
+            },
+        );
+        for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
+            let unrecovered = p.open_segment().is_some_and(|open| {
+                open.epoch < p.epoch
+                    && open.ensemble.iter().any(|a| a == agent)
+                    && !p.writer.as_ref().is_some_and(|w| open.ensemble.contains(w))
+            });
+            if p.writer.as_deref() == Some(agent) || unrecovered {
+                p.writer = Some(agent.to_string());
+                p.epoch += 1;
+            }
+        }
+        self.assign_writers();
+        Ok(Response::Registered { incarnation })
+    }
+
+    pub(crate) fn heartbeat_agent(
+        &mut self,
+        agent: &str,
+        incarnation: u64,
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        self.check_incarnation(agent, incarnation)?;
+        let now = self.clock_ms.max(now_ms);
+        if !self.agents.get(agent).is_some_and(|a| a.is_live(now)) {
+            // Its partitions may have new writers already: it must register again (and learn
+            // what it writes now) instead of carrying on.
+            return Err(MetadataError::LeaseLapsed { agent: agent.to_string() });
+        }
+        self.advance_clock(now_ms);
+        if let Some(a) = self.agents.get_mut(agent) {
+            a.last_heartbeat_ms = now;
+        }
+        self.assign_writers();
+        Ok(Response::Ok)
+    }
+
+    pub(crate) fn deregister_agent(
+        &mut self,
+        agent: &str,
+        incarnation: u64,
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        self.check_incarnation(agent, incarnation)?;
+        self.advance_clock(now_ms);
+        self.agents.remove(agent);
+        self.assign_writers();
+        Ok(Response::Ok)
+    }
+
+    fn check_incarnation(&self, agent: &str, incarnation: u64) -> Result<(), MetadataError> {
+        match self.agents.get(agent) {
+            Some(a) if a.incarnation == incarnation => Ok(()),
+            _ => Err(MetadataError::UnknownAgent { agent: agent.to_string(), incarnation }),
+        }
+    }
+
+    /// Names a writer for every partition that has none or whose writer's lease lapsed: a live
+    /// member of the open segment's ensemble if there is one, else the live agent with the
+    /// fewest partitions (ties by id), bumping the epoch. Without a live agent a partition
+    /// keeps its writer (and epoch) until one appears.
+    pub(crate) fn assign_writers(&mut self) {
+        let now = self.clock_ms;
+        self.agents.retain(|id, a| {
+            a.last_heartbeat_ms.saturating_add(a.lease_ms).saturating_add(AGENT_FORGET_MS) >= now
+                || self.topics.values().any(|t| t.partitions.iter().any(|p| p.writer.as_deref() == Some(id)))
+        });
+        let mut load: std::collections::BTreeMap<String, usize> =
+            self.live_agents().map(|a| (a.id.clone(), 0)).collect();
+        if load.is_empty() {
+            return;
+        }
+        for p in self.topics.values().flat_map(|t| t.partitions.iter()) {
+            if let Some(n) = p.writer.as_ref().and_then(|w| load.get_mut(w)) {
+                *n += 1;
+            }
+        }
+        for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
+            if p.writer.as_ref().is_some_and(|w| load.contains_key(w)) {
+                continue;
+            }
+            let holders: Vec<&String> = p
+                .open_segment()
+                .map(|o| o.ensemble.iter().filter(|a| load.contains_key(*a)).collect())
+                .unwrap_or_default();
+            let Some(agent) = load
+                .iter()
+                .filter(|(id, _)| holders.is_empty() || holders.contains(id))
+                .min_by_key(|(id, n)| (**n, (*id).clone()))
+                .map(|(id, _)| id.clone())
+            else {
+                return;
+            };
+            *load.entry(agent.clone()).or_default() += 1;
+            p.writer = Some(agent);
+            p.epoch += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::state::Command;
+
+    fn register(s: &mut MetadataState, agent: &str, now_ms: u64) -> u64 {
+        let r = s.apply(&Command::RegisterAgent {
+            agent: agent.into(),
+            addr: format!("127.0.0.1:{}", 7000 + agent.len()),
+            lease_ms: 1000,
+            now_ms,
+        });
+        let Response::Registered { incarnation } = r else { panic!("{r:?}") };
+        incarnation
+    }
+
+    fn heartbeat(s: &mut MetadataState, agent: &str, incarnation: u64, now_ms: u64) -> Response {
+        s.apply(&Command::AgentHeartbeat { agent: agent.into(), incarnation, now_ms })
+    }
+
+    fn create(s: &mut MetadataState, name: &str, partitions: u32, now_ms: u64) {
+        let r =
+            s.apply(&Command::CreateTopic { name: name.into(), partitions, config: BTreeMap::new(), now_ms });
+        assert!(matches!(r, Response::Topic { .. }), "{r:?}");
+    }
+
+    fn writers(s: &MetadataState, topic: &str) -> Vec<(Option<String>, u64)> {
+        s.topics[topic].partitions.iter().map(|p| (p.writer.clone(), p.epoch)).collect()
+    }
+
+    #[test]
+    fn partitions_are_spread_over_live_agents() {
+        let mut s = MetadataState::default();
+        create(&mut s, "early", 2, 10);
+        assert_eq!(writers(&s, "early"), vec![(None, 0), (None, 0)], "no agent yet: no writer");
+        register(&mut s, "a", 100);
+        assert_eq!(writers(&s, "early"), vec![(Some("a".into()), 1), (Some("a".into()), 1)]);
+        register(&mut s, "b", 200);
+        create(&mut s, "t", 4, 300);
+        let w: Vec<String> = writers(&s, "t").into_iter().map(|(w, _)| w.unwrap()).collect();
+        assert_eq!(w, ["b", "b", "a", "b"], "the least loaded agent first, ties by id");
+        assert!(writers(&s, "t").iter().all(|(_, e)| *e == 1));
+    }
+
+    #[test]
+    fn a_lapsed_lease_moves_partitions_with_a_new_epoch() {
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 0);
+        create(&mut s, "t", 2, 0);
+        let b = register(&mut s, "b", 10);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 1), (Some("a".into()), 1)]);
+        // Within the lease nothing moves.
+        assert_eq!(heartbeat(&mut s, "b", b, 1000), Response::Ok);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 1), (Some("a".into()), 1)]);
+        // a's lease (1000 ms from 0) lapsed at 1001: b's heartbeat takes its partitions over.
+        assert_eq!(heartbeat(&mut s, "b", b, 1001), Response::Ok);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2), (Some("b".into()), 2)]);
+        // a comes back with an incarnation it never had: refused, nothing changes.
+        let before = s.clone();
+        assert!(matches!(
+            heartbeat(&mut s, "a", a + 7, 1002),
+            Response::Error { error: MetadataError::UnknownAgent { .. } }
+        ));
+        assert_eq!(s, before);
+        // Nor with its current one: the lease lapsed. Registering again gives no partitions back.
+        assert!(matches!(
+            heartbeat(&mut s, "a", a, 1002),
+            Response::Error { error: MetadataError::LeaseLapsed { .. } }
+        ));
+        let a2 = register(&mut s, "a", 1003);
+        assert_eq!(a2, a + 1);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2), (Some("b".into()), 2)]);
+        assert_eq!(s.live_agents().count(), 2);
+    }
+
+    #[test]
+    fn registering_again_bumps_the_epochs_of_the_agents_partitions() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 1)]);
+        register(&mut s, "a", 5);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 2)], "a restart is a writer change");
+    }
+
+    fn open_segment(s: &mut MetadataState, topic: &str, partition: u32, ensemble: &[&str]) {
+        let p = &s.topics[topic].partitions[partition as usize];
+        let (epoch, base_offset) = (p.epoch, p.next_segment_base());
+        let r = s.apply(&Command::OpenSegment {
+            topic: topic.into(),
+            partition,
+            epoch,
+            base_offset,
+            ensemble: ensemble.iter().map(|a| a.to_string()).collect(),
+            now_ms: 0,
+        });
+        assert_eq!(r, Response::Ok);
+    }
+
+    #[test]
+    fn the_open_segments_holders_are_preferred_and_get_unrecovered_partitions_back() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        open_segment(&mut s, "t", 0, &["a", "c"]);
+        let b = register(&mut s, "b", 500);
+        let c = register(&mut s, "c", 600);
+        // a lapses: c holds the open segment, so c (not the idle b) becomes writer.
+        heartbeat(&mut s, "b", b, 1100);
+        heartbeat(&mut s, "c", c, 1100);
+        assert_eq!(writers(&s, "t"), vec![(Some("c".into()), 2)]);
+
+        // With the only holder gone, any live agent is named; when the holder comes back
+        // before the new writer recovered the segment, it gets the partition back.
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        open_segment(&mut s, "t", 0, &["a"]);
+        let b = register(&mut s, "b", 500);
+        heartbeat(&mut s, "b", b, 1001);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
+        register(&mut s, "a", 1002);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 3)]);
+
+        // Once the new writer recovered (a segment opened under its epoch), nothing moves back.
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        open_segment(&mut s, "t", 0, &["a"]);
+        let b = register(&mut s, "b", 500);
+        heartbeat(&mut s, "b", b, 1001);
+        let r = s.apply(&Command::SealSegment {
+            topic: "t".into(),
+            partition: 0,
+            epoch: 2,
+            base_offset: 0,
+            record_count: 5,
+            size_bytes: 100,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 1001,
+        });
+        assert_eq!(r, Response::Ok);
+        open_segment(&mut s, "t", 0, &["b"]);
+        register(&mut s, "a", 1002);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
+    }
+
+    #[test]
+    fn deregistering_hands_partitions_over_at_once() {
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        register(&mut s, "b", 1);
+        assert_eq!(
+            s.apply(&Command::DeregisterAgent { agent: "a".into(), incarnation: a, now_ms: 2 }),
+            Response::Ok
+        );
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
+        assert!(!s.agents.contains_key("a"));
+    }
+
+    #[test]
+    fn the_clock_never_runs_backwards() {
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 5000);
+        create(&mut s, "t", 1, 0);
+        let b = register(&mut s, "b", 100);
+        // b's clock is behind: its registration is stamped with the state's clock.
+        assert_eq!(s.agents["b"].last_heartbeat_ms, 5000);
+        assert_eq!(heartbeat(&mut s, "a", a, 10), Response::Ok);
+        assert_eq!(s.clock_ms, 5000);
+        assert_eq!(heartbeat(&mut s, "b", b, 6000), Response::Ok);
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 1)], "a heartbeat at 5000 holds until 6000");
+        assert_eq!(heartbeat(&mut s, "b", b, 6001), Response::Ok);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
+    }
+
+    #[test]
+    fn bad_registrations_change_nothing() {
+        let mut s = MetadataState::default();
+        for (agent, addr, lease_ms) in [
+            ("", "h:1", 1000),
+            ("a", "", 1000),
+            ("a", "h 1", 1000),
+            ("a", "h:1", 10),
+            ("a", "h:1", 10_000_000),
+        ] {
+            let r = s.apply(&Command::RegisterAgent {
+                agent: agent.into(),
+                addr: addr.into(),
+                lease_ms,
+                now_ms: 1,
+            });
+            assert!(matches!(r, Response::Error { .. }), "{agent} {addr} {lease_ms}: {r:?}");
+        }
+        assert_eq!(s, MetadataState::default());
+        assert!(matches!(heartbeat(&mut s, "nobody", 1, 1), Response::Error { .. }));
+    }
+
+    #[test]
+    fn long_gone_agents_are_forgotten_once_they_write_nothing() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        let b = register(&mut s, "b", 1);
+        heartbeat(&mut s, "b", b, 1001);
+        assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
+        assert!(s.agents.contains_key("a"), "lapsed agents stay listed");
+        register(&mut s, "c", AGENT_FORGET_MS + 2000);
+        assert!(!s.agents.contains_key("a"), "lapsed long ago and writes nothing");
+        assert!(s.agents.contains_key("b"), "it still wrote t/0 when the registry was pruned");
+        assert_eq!(writers(&s, "t"), vec![(Some("c".into()), 3)]);
+    }
+}

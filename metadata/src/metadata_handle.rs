@@ -1,0 +1,168 @@
+//! [`Metadata`]: how agents and the compactor reach the metadata service, whether it runs in
+//! the same process (`silt dev`) or is a cluster of `silt metadata` processes.
+//!
+//! Both kinds offer the same three operations: `write` (commit a command), `read` (a
+//! linearizable read, for decisions) and `read_local` (this process's latest copy, for hot
+//! paths that tolerate a slightly stale view). For a remote cluster the local copy is the
+//! whole state, refreshed by a background task every [`REFRESH_INTERVAL`] and right after each
+//! write, so a write is followed by a local view that includes it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
+
+/// How often a remote copy of the state is refreshed when nothing asks for it sooner.
+pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+/// Longest a write waits for the local copy to include it before returning anyway.
+const READ_YOUR_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// The metadata service as agents and the compactor see it. Cheap to clone.
+#[derive(Clone)]
+pub enum Metadata {
+    /// A node in this process (`silt dev`, tests).
+    Local(MetadataNode),
+    /// A `silt metadata` cluster, with a local copy of its state.
+    Remote(RemoteMetadata),
+}
+
+impl From<MetadataNode> for Metadata {
+    fn from(node: MetadataNode) -> Self {
+        Metadata::Local(node)
+    }
+}
+
+impl Metadata {
+    /// Commits `cmd` and returns what applying it produced; a refused command is `Err`.
+    pub async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
+        match self {
+            Metadata::Local(node) => node.write(cmd).await,
+            Metadata::Remote(remote) => remote.write(cmd).await,
+        }
+    }
+
+    /// Runs `f` over a state that includes every write committed before this call.
+    pub async fn read<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> Result<T, MetadataError> {
+        match self {
+            Metadata::Local(node) => node.read(f).await,
+            Metadata::Remote(remote) => {
+                let state = remote.refresh().await?;
+                Ok(f(&state))
+            }
+        }
+    }
+
+    /// Runs `f` over this process's latest copy of the state: fast, possibly a little stale.
+    pub fn read_local<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> T {
+        match self {
+            Metadata::Local(node) => node.read_local(f),
+            Metadata::Remote(remote) => f(&remote.snapshot()),
+        }
+    }
+
+    /// Stops the in-process node, or the remote copy's refresher.
+    pub async fn shutdown(&self) {
+        match self {
+            Metadata::Local(node) => node.shutdown().await,
+            Metadata::Remote(remote) => remote.inner.cancel.cancel(),
+        }
+    }
+}
+
+/// A remote metadata cluster and a local copy of its state. Cheap to clone.
+#[derive(Clone)]
+pub struct RemoteMetadata {
+    inner: Arc<RemoteInner>,
+}
+
+struct RemoteInner {
+    client: MetadataClient,
+    state: RwLock<Arc<MetadataState>>,
+    /// Bumped by every caller that needs a refresh that starts after it asked.
+    requested: AtomicU64,
+    /// The highest request number a finished refresh covers.
+    completed: watch::Sender<u64>,
+    wake: Notify,
+    cancel: CancellationToken,
+}
+
+impl RemoteMetadata {
+    /// Connects: reads the state once (so the local copy is never empty), then keeps it fresh
+    /// until `cancel`.
+    pub async fn connect(client: MetadataClient, cancel: CancellationToken) -> Result<Self, MetadataError> {
+        let first = client.read_state().await?;
+        let remote = RemoteMetadata {
+            inner: Arc::new(RemoteInner {
+                client,
+                state: RwLock::new(Arc::new(first.state)),
+                requested: AtomicU64::new(0),
+                completed: watch::Sender::new(0),
+                wake: Notify::new(),
+                cancel,
+            }),
+        };
+        let refresher = remote.clone();
+        tokio::spawn(async move { refresher.run_refresher().await });
+        Ok(remote)
+    }
+
+    /// The client this copy reads through.
+    pub fn client(&self) -> &MetadataClient {
+        &self.inner.client
+    }
+
+    fn snapshot(&self) -> Arc<MetadataState> {
+        Arc::clone(&self.inner.state.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
+        let response = self.inner.client.write(cmd).await;
+        // Refused commands were committed too; either way the copy should catch up.
+        if !matches!(response, Err(MetadataError::Unavailable(_))) {
+            let wanted = self.inner.requested.fetch_add(1, Ordering::SeqCst) + 1;
+            self.inner.wake.notify_one();
+            let mut completed = self.inner.completed.subscribe();
+            let _ = tokio::time::timeout(READ_YOUR_WRITE_WAIT, completed.wait_for(|c| *c >= wanted)).await;
+        }
+        response
+    }
+
+    /// A linearizable read of the whole state, which also refreshes the local copy.
+    async fn refresh(&self) -> Result<Arc<MetadataState>, MetadataError> {
+        let covers = self.inner.requested.load(Ordering::SeqCst);
+        let reply = self.inner.client.read_state().await?;
+        let state = Arc::new(reply.state);
+        *self.inner.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&state);
+        self.inner.completed.send_if_modified(|c| {
+            let newer = covers > *c;
+            *c = (*c).max(covers);
+            newer
+        });
+        Ok(state)
+    }
+
+    async fn run_refresher(&self) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = self.inner.cancel.cancelled() => return,
+                () = self.inner.wake.notified() => {}
+                () = tokio::time::sleep(REFRESH_INTERVAL) => {}
+            }
+            match self.refresh().await {
+                Ok(_) => failing = false,
+                Err(e) => {
+                    if !failing {
+                        warn!(error = %e, "cannot refresh the metadata copy; serving the last one");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+}

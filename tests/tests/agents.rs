@@ -1,0 +1,265 @@
+//! End-to-end tests of agents against a metadata cluster: three real `silt metadata`
+//! processes and `silt agent` processes on loopback, killed (SIGKILL) and restarted while
+//! clients produce and consume through the agents.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use silt::client::{Client, OutMessage, Poll};
+use silt::silt_metadata::MetadataState;
+use silt_tests::{silt_metadata_cli, wait_for, AgentOptions, MetadataCluster, SiltDev};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn objects_url(dir: &std::path::Path) -> String {
+    let objects = dir.join("objects");
+    std::fs::create_dir_all(&objects).expect("objects dir");
+    format!("file://{}", objects.display())
+}
+
+fn agent(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str) -> SiltDev {
+    SiltDev::start_agent(&AgentOptions {
+        id: id.into(),
+        metadata: cluster.addrs(),
+        object_store: objects.into(),
+        lease: lease.into(),
+    })
+}
+
+async fn state(cluster: &MetadataCluster) -> Option<MetadataState> {
+    cluster.client().read_state().await.ok().map(|r| r.state)
+}
+
+fn writer_of(s: &MetadataState, topic: &str, partition: usize) -> (Option<String>, u64) {
+    let p = &s.topics[topic].partitions[partition];
+    (p.writer.clone(), p.epoch)
+}
+
+fn messages(partition: Option<u32>, tag: &str, n: usize) -> Vec<OutMessage> {
+    (0..n)
+        .map(|i| OutMessage {
+            partition,
+            key: Some(format!("key-{}", i % 7)),
+            value: Some(format!("{tag}-{i}")),
+            ..OutMessage::default()
+        })
+        .collect()
+}
+
+/// Every record of a partition from offset 0, as (offset, value).
+async fn read_all(client: &Client, topic: &str, partition: u32) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut next = 0;
+    loop {
+        let page = client.replay(topic, partition, Some(next), None, 1000).await.expect("replay");
+        if page.messages.is_empty() {
+            return out;
+        }
+        for m in page.messages {
+            next = m.offset + 1;
+            out.push((m.offset, m.value.unwrap_or_default()));
+        }
+    }
+}
+
+fn offset_of(id: &str) -> (u32, u64) {
+    let mut parts = id.rsplitn(3, '/');
+    let offset = parts.next().and_then(|o| o.parse().ok()).expect("offset in id");
+    let partition = parts.next().and_then(|p| p.parse().ok()).expect("partition in id");
+    (partition, offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_keep_every_acknowledged_message_and_ack_while_metadata_leaders_are_killed() {
+    let mut cluster = MetadataCluster::start(3, &[]);
+    let first_leader = cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let a1 = agent("a1", &cluster, &objects, "5s");
+    let client = a1.client();
+    client.create_topic("orders", 2, &BTreeMap::new()).await.expect("create topic");
+
+    // Produce while the metadata leader is killed halfway; a request that fails is retried.
+    let mut acked: BTreeMap<String, String> = BTreeMap::new();
+    for round in 0..40 {
+        if round == 15 {
+            cluster.node_mut(first_leader).kill9();
+        }
+        let batch = messages(None, &format!("r{round}"), 25);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let ids = loop {
+            match client.produce("orders", &batch).await {
+                Ok(ids) => break ids,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("produce round {round} failed, retrying: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("produce round {round} kept failing: {e}\n{}", a1.log()),
+            }
+        };
+        for (id, m) in ids.into_iter().zip(&batch) {
+            acked.insert(id, m.value.clone().unwrap_or_default());
+        }
+    }
+    let others: Vec<u64> = (1..=3).filter(|id| *id != first_leader).collect();
+    cluster.wait_for_leader(&others, LEADER_TIMEOUT).await;
+    // Metadata changes go through the new leader.
+    wait_for("a topic created after the failover", Duration::from_secs(30), || async {
+        client.create_topic("after-failover", 1, &BTreeMap::new()).await.ok()
+    })
+    .await;
+
+    // Every acknowledged message is at its offset with its value; offsets are dense.
+    for p in 0..2 {
+        let records = read_all(&client, "orders", p).await;
+        let offsets: Vec<u64> = records.iter().map(|r| r.0).collect();
+        assert_eq!(offsets, (0..records.len() as u64).collect::<Vec<_>>(), "dense offsets in partition {p}");
+        for (id, value) in acked.iter().filter(|(id, _)| offset_of(id).0 == p) {
+            let (_, offset) = offset_of(id);
+            assert_eq!(records[offset as usize].1, *value, "message {id}");
+        }
+    }
+    assert_eq!(acked.len(), 1000);
+
+    // A group consumes everything and acks it; once the acks are checkpointed in metadata, the
+    // loss of the next leader redelivers nothing.
+    let poll = Poll {
+        group: "billing".into(),
+        member: "m1".into(),
+        mode: "exclusive".into(),
+        max: 1000,
+        timeout_ms: 1000,
+        session_timeout_ms: 30_000,
+    };
+    let mut consumed = 0;
+    while consumed < acked.len() {
+        let got = client.poll("orders", &poll).await.expect("poll");
+        assert!(!got.is_empty(), "poll returned nothing after {consumed} of {}", acked.len());
+        for m in &got {
+            assert_eq!(acked.get(&m.id), Some(m.value.as_ref().expect("value")), "message {}", m.id);
+        }
+        consumed += got.len();
+        let ids: Vec<String> = got.into_iter().map(|m| m.id).collect();
+        client.ack("billing", &ids).await.expect("ack");
+    }
+    assert_eq!(consumed, acked.len());
+    wait_for("acks checkpointed in metadata", Duration::from_secs(20), || async {
+        let s = state(&cluster).await?;
+        let acks = &s.groups.get("billing")?.topics.get("orders")?.acks;
+        let floors: u64 = (0..2).map(|p| acks.get(&p).map_or(0, |c| c.floor)).sum();
+        (floors == acked.len() as u64).then_some(())
+    })
+    .await;
+    cluster.node_mut(first_leader).restart();
+    let leader = cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    wait_for("the restarted node caught up", Duration::from_secs(30), || async {
+        let s = cluster.node(first_leader).status().await?;
+        (s.last_applied.is_some() && s.last_applied >= cluster.node(leader).status().await?.last_applied)
+            .then_some(())
+    })
+    .await;
+    cluster.node_mut(leader).kill9();
+    let again = Poll { timeout_ms: 500, ..poll.clone() };
+    let redelivered = client.poll("orders", &again).await.expect("poll after the second failover");
+    assert!(redelivered.is_empty(), "acknowledged messages came back: {:?}", redelivered.first());
+    let ids = client.produce("orders", &messages(Some(1), "late", 1)).await.expect("produce after failover");
+    let got = client.poll("orders", &Poll { timeout_ms: 5000, ..poll }).await.expect("poll new");
+    assert_eq!(got.iter().map(|m| m.id.clone()).collect::<Vec<_>>(), ids);
+
+    // The operator sees the agent, its lease and the writers.
+    let status: serde_json::Value =
+        serde_json::from_str(&silt_metadata_cli(&cluster.addrs().join(","), &["cluster", "status"]))
+            .expect("status json");
+    let agents = status["agents"].as_array().expect("agents");
+    assert_eq!(agents.len(), 1, "{status}");
+    assert_eq!(agents[0]["id"], "a1");
+    assert_eq!(agents[0]["live"], true);
+    assert_eq!(agents[0]["partitions"], 3, "{status}");
+    let partitions = status["partitions"].as_array().expect("partitions");
+    assert_eq!(partitions.len(), 3);
+    assert!(partitions.iter().all(|p| p["writer"] == "a1" && p["epoch"].as_u64() >= Some(1)), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let mut a1 = agent("a1", &cluster, &objects, "2s");
+    let a2 = agent("a2", &cluster, &objects, "2s");
+    a1.client().create_topic("t", 2, &BTreeMap::new()).await.expect("create topic");
+    let s = state(&cluster).await.expect("state");
+    assert_eq!(writer_of(&s, "t", 0).0.as_deref(), Some("a1"), "partitions are spread");
+    assert_eq!(writer_of(&s, "t", 1).0.as_deref(), Some("a2"), "partitions are spread");
+    let epoch0 = writer_of(&s, "t", 0).1;
+
+    // Each agent writes its own partition; the other one names the writer.
+    let before0 = a1.client().produce("t", &messages(Some(0), "before", 50)).await.expect("produce p0");
+    a2.client().produce("t", &messages(Some(1), "before", 50)).await.expect("produce p1");
+    let misdirected =
+        a1.client().produce("t", &messages(Some(1), "x", 1)).await.expect_err("a1 does not write p1");
+    assert!(
+        misdirected.to_string().contains("not_writer") && misdirected.to_string().contains("a2"),
+        "{misdirected}"
+    );
+
+    // kill -9 the writer of partition 0: within its lease, a2 is writer with a higher epoch.
+    a1.kill9();
+    let killed = Instant::now();
+    let epoch1 = wait_for("a2 writes partition 0", Duration::from_secs(15), || async {
+        let s = state(&cluster).await?;
+        let (writer, epoch) = writer_of(&s, "t", 0);
+        (writer.as_deref() == Some("a2")).then_some(epoch)
+    })
+    .await;
+    let takeover = killed.elapsed();
+    eprintln!("writer of t/0 moved to a2 {} ms after kill -9 of a1 (lease 2 s)", takeover.as_millis());
+    assert!(epoch1 > epoch0);
+    // The open segment of partition 0 lives only on a1's disk (one replica): a2 refuses to
+    // write rather than drop it, and says why.
+    let waiting =
+        a2.client().produce("t", &messages(Some(0), "x", 1)).await.expect_err("p0 cannot be recovered yet");
+    assert!(waiting.to_string().contains("held by agent(s) a1"), "{waiting}");
+    // Partition 1 is unaffected.
+    a2.client().produce("t", &messages(Some(1), "during", 10)).await.expect("produce p1 while a1 is down");
+
+    // a1 comes back with its data: it gets partition 0 back under a newer epoch, and producing
+    // to it continues after every acknowledged message.
+    a1.restart();
+    let epoch2 = wait_for("a1 writes partition 0 again", Duration::from_secs(15), || async {
+        let s = state(&cluster).await?;
+        let (writer, epoch) = writer_of(&s, "t", 0);
+        (writer.as_deref() == Some("a1") && epoch > epoch1).then_some(epoch)
+    })
+    .await;
+    assert!(epoch2 > epoch1);
+    let client = a1.client();
+    let after = wait_for("produce to partition 0 after a1's restart", Duration::from_secs(15), || async {
+        client.produce("t", &messages(Some(0), "after", 20)).await.ok()
+    })
+    .await;
+    let records = read_all(&client, "t", 0).await;
+    let values: Vec<String> = records.iter().map(|r| r.1.clone()).collect();
+    let expected: Vec<String> =
+        (0..50).map(|i| format!("before-{i}")).chain((0..20).map(|i| format!("after-{i}"))).collect();
+    assert_eq!(values, expected);
+    assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), (0..70).collect::<Vec<u64>>());
+    assert_eq!(before0.last().map(|id| offset_of(id).1), Some(49));
+    assert_eq!(after.first().map(|id| offset_of(id).1), Some(50));
+    let p1 = read_all(&a2.client(), "t", 1).await;
+    assert_eq!(p1.len(), 60);
+
+    let status: serde_json::Value =
+        serde_json::from_str(&silt_metadata_cli(&cluster.addrs().join(","), &["cluster", "status"]))
+            .expect("status json");
+    let agents = status["agents"].as_array().expect("agents");
+    let a1_status = agents.iter().find(|a| a["id"] == "a1").expect("a1 listed");
+    assert_eq!(a1_status["incarnation"], 2, "{status}");
+    assert_eq!(a1_status["live"], true);
+    assert!(status["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .any(|p| p["topic"] == "t" && p["partition"] == 0 && p["writer"] == "a1" && p["epoch"] == epoch2));
+}
