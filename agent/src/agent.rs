@@ -24,6 +24,7 @@ use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
 use crate::metrics::{LagLabels, Metrics};
 use crate::partition_log::PartitionLog;
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
+use crate::peer::{CollectRequest, Peers, WireRecord};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -44,6 +45,8 @@ pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 const READ_BYTES_STEP: usize = 1024 * 1024;
 /// How often dirty ack state is checkpointed to metadata.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a waiting poll asks other agents for the partitions they write.
+const REMOTE_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Suffix of dead-letter topics.
 pub const DLQ_SUFFIX: &str = ".dlq";
 
@@ -83,6 +86,28 @@ struct Running {
     topic_id: u64,
     epoch: u64,
     handle: PartitionHandle,
+}
+
+/// Where requests about one partition go.
+enum Target {
+    /// This agent writes it.
+    Local(PartitionHandle),
+    /// Another agent writes it.
+    Remote {
+        /// Its id.
+        agent: String,
+        /// Where it serves.
+        addr: String,
+    },
+}
+
+impl Target {
+    fn peer(&self) -> Option<(&str, &str)> {
+        match self {
+            Target::Local(_) => None,
+            Target::Remote { agent, addr } => Some((agent, addr)),
+        }
+    }
 }
 
 /// What stops a running writer and waits for it.
@@ -170,6 +195,8 @@ struct Inner {
     partitions: RwLock<HashMap<(String, u32), Running>>,
     /// Held while writers start or stop; holds their tasks.
     writers: tokio::sync::Mutex<HashMap<(String, u32), WriterTask>>,
+    /// Reaches other agents, for requests about partitions they write.
+    peers: Peers,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
     incarnation: std::sync::atomic::AtomicU64,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
@@ -215,8 +242,10 @@ impl Agent {
     ) -> Result<Agent, StoreError> {
         let cold = archive.as_ref().map(|a| Arc::clone(&a.cold));
         let archive_store = archive.map(|a| (a.store, a.prefix));
+        let peers = Peers::new(&config.agent_id);
         let agent = Agent {
             inner: Arc::new(Inner {
+                peers,
                 config,
                 metadata,
                 metrics,
@@ -506,6 +535,26 @@ impl Agent {
         Ok(handle)
     }
 
+    /// Where requests about a partition go: its writer here, or the agent that writes it. A
+    /// request another agent forwarded is never forwarded again.
+    async fn target(&self, topic: &str, partition: u32, forwarded: bool) -> Result<Target, ApiError> {
+        match self.partition(topic, partition).await {
+            Ok(handle) => Ok(Target::Local(handle)),
+            Err(e) if e.code == "not_writer" && !forwarded => {
+                let remote = self.inner.metadata.read_local(|s| {
+                    let writer = s.topics.get(topic)?.partitions.get(partition as usize)?.writer.clone()?;
+                    let addr = s.agents.get(&writer)?.addr.clone();
+                    Some((writer, addr))
+                });
+                match remote {
+                    Some((agent, addr)) => Ok(Target::Remote { agent, addr }),
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn not_writer(&self, topic: &str, partition: u32, writer: Option<&str>) -> ApiError {
         let Some(writer) = writer else {
             return ApiError::unavailable(format!(
@@ -603,9 +652,20 @@ impl Agent {
         let topic = self.inner.metadata.read(|s| s.topic(name).cloned()).await??;
         let mut hwms = Vec::with_capacity(topic.partitions.len());
         for p in 0..topic.partitions.len() as u32 {
-            hwms.push(self.partition(name, p).await?.reader().high_watermark());
+            hwms.push(self.high_watermark(name, p).await?);
         }
         Ok((topic, hwms))
+    }
+
+    /// The end of a partition, from its writer.
+    async fn high_watermark(&self, topic: &str, partition: u32) -> Result<u64, ApiError> {
+        match self.target(topic, partition, false).await? {
+            Target::Local(handle) => Ok(handle.reader().high_watermark()),
+            remote => {
+                let peer = remote.peer().unwrap_or_default();
+                Ok(self.inner.peers.read(peer, topic, partition, u64::MAX, 1).await?.high_watermark)
+            }
+        }
     }
 
     /// Produces messages. Returns one id per message, in order, once all are durable.
@@ -676,22 +736,25 @@ impl Agent {
         }
         let mut appends = Vec::new();
         for (partition, batches) in per_partition {
-            let handle = self.partition(topic, partition).await?;
+            let target = Arc::new(self.target(topic, partition, false).await?);
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
                 let bytes =
                     builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
                 let batch = RecordBatch::parse(bytes).map_err(|e| {
                     ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
                 })?;
-                let handle = handle.clone();
+                let target = Arc::clone(&target);
+                let peers = &self.inner.peers;
                 appends.push(async move {
-                    (
-                        partition,
-                        batch_index,
-                        batch.record_count(),
-                        batch.len_bytes(),
-                        handle.append(batch).await,
-                    )
+                    let (count, len) = (batch.record_count(), batch.len_bytes());
+                    let result = match &*target {
+                        Target::Local(handle) => handle.append(batch).await.map_err(ApiError::from),
+                        remote => {
+                            let peer = remote.peer().unwrap_or_default();
+                            peers.append(peer, topic, partition, batch.into_bytes()).await
+                        }
+                    };
+                    (partition, batch_index, count, len, result)
                 });
             }
         }
@@ -713,7 +776,7 @@ impl Agent {
         }
         self.inner.appended.notify_waiters();
         if let Some(e) = first_error {
-            return Err(e.into());
+            return Err(e);
         }
         let ids =
             slots.into_iter().map(|(p, b, i)| MessageId::new(topic, p, bases[&(p, b)] + i as u64)).collect();
@@ -727,6 +790,7 @@ impl Agent {
         topic: &str,
         partition: u32,
         body: Bytes,
+        forwarded: bool,
     ) -> Result<(u64, u64), ApiError> {
         let started = Instant::now();
         let t = self.topic(topic).await?;
@@ -744,7 +808,13 @@ impl Agent {
         let batch = RecordBatch::parse(body)
             .map_err(|e| ApiError::bad_request("invalid_record_batch", e.to_string()))?;
         let (count, len) = (batch.record_count(), batch.len_bytes());
-        let range = self.partition(topic, partition).await?.append(batch).await?;
+        let range = match self.target(topic, partition, forwarded).await? {
+            Target::Local(handle) => handle.append(batch).await?,
+            remote => {
+                let peer = remote.peer().unwrap_or_default();
+                return self.inner.peers.append(peer, topic, partition, batch.into_bytes()).await;
+            }
+        };
         self.inner.appended.notify_waiters();
         let labels = Metrics::topic(topic);
         self.inner.metrics.records_in.get_or_create(&labels).inc_by(u64::from(count));
@@ -762,8 +832,18 @@ impl Agent {
         partition: u32,
         offset: u64,
         max_records: usize,
+        forwarded: bool,
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
-        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        let reader = match self.target(topic, partition, forwarded).await? {
+            Target::Local(handle) => Arc::clone(handle.reader()),
+            remote => {
+                let peer = remote.peer().unwrap_or_default();
+                let page = self.inner.peers.read(peer, topic, partition, offset, max_records).await?;
+                let records: Result<Vec<Record>, ApiError> =
+                    page.records.into_iter().map(|r| r.into_delivered().map(|d| d.record)).collect();
+                return Ok((records?, page.next_offset, page.high_watermark));
+            }
+        };
         let max_records = max_records.max(1);
         let mut records = Vec::new();
         let mut next = offset;
@@ -877,8 +957,15 @@ impl Agent {
         topic: &str,
         partition: u32,
         timestamp_ms: i64,
+        forwarded: bool,
     ) -> Result<u64, ApiError> {
-        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        let reader = match self.target(topic, partition, forwarded).await? {
+            Target::Local(handle) => Arc::clone(handle.reader()),
+            remote => {
+                let peer = remote.peer().unwrap_or_default();
+                return self.inner.peers.offset_for_time(peer, topic, partition, timestamp_ms).await;
+            }
+        };
         if let (Some(cold), Some(part)) = (&self.inner.cold, self.partition_meta(topic, partition)) {
             let local_start = reader.log_start();
             for seg in part.segments.values() {
@@ -931,13 +1018,15 @@ impl Agent {
             let notified = self.inner.appended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let delivered = self.collect(&req, &topic, &partitions).await?;
+            let (delivered, remote) = self.collect_everywhere(&req, &topic, &partitions).await?;
             if !delivered.is_empty() || Instant::now() >= deadline {
                 return Ok(delivered);
             }
             // Wake on new data, on the next lease expiry, or at the deadline (at least every second
-            // so that assignment changes are seen).
-            let mut wake = deadline.min(Instant::now() + Duration::from_secs(1));
+            // so that assignment changes are seen, and often when other agents write some of the
+            // partitions: their new data does not wake this agent).
+            let every = if remote { REMOTE_POLL_INTERVAL } else { Duration::from_secs(1) };
+            let mut wake = deadline.min(Instant::now() + every);
             if let Some(d) = self.earliest_deadline(&req, &partitions) {
                 let now = now_ms();
                 wake = wake.min(Instant::now() + Duration::from_millis(d.saturating_sub(now)));
@@ -948,6 +1037,75 @@ impl Agent {
                 _ = self.inner.cancel.cancelled() => return Ok(Vec::new()),
             }
         }
+    }
+
+    /// Delivers from the partitions this agent writes, and asks the writers of the others.
+    /// Returns what was delivered and whether any partition is written elsewhere.
+    async fn collect_everywhere(
+        &self,
+        req: &PollRequest,
+        topic: &Topic,
+        partitions: &[u32],
+    ) -> Result<(Vec<Delivered>, bool), ApiError> {
+        let mut local = Vec::new();
+        let mut remote: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
+        for &p in partitions {
+            match self.target(&req.topic, p, false).await? {
+                Target::Local(_) => local.push(p),
+                Target::Remote { agent, addr } => remote.entry((agent, addr)).or_default().push(p),
+            }
+        }
+        let mut delivered = self.collect(req, topic, &local).await?;
+        for ((agent, addr), partitions) in &remote {
+            let left = req.max as usize - delivered.len().min(req.max as usize);
+            if left == 0 {
+                break;
+            }
+            let ask = CollectRequest {
+                group: req.group.clone(),
+                member: req.member.clone(),
+                mode: req.mode,
+                partitions: partitions.clone(),
+                max: left as u32,
+            };
+            match self.inner.peers.collect((agent, addr), &req.topic, &ask).await {
+                Ok(got) => delivered.extend(got),
+                // What was delivered elsewhere already is returned; the rest of the member's
+                // partitions are tried on the next poll.
+                Err(e) if !delivered.is_empty() => {
+                    warn!(agent = %agent, error = %e, "collecting from another agent failed");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((delivered, !remote.is_empty()))
+    }
+
+    /// Delivers messages of partitions this agent writes to a member polling through another
+    /// agent (which sent the group heartbeat already). Does not wait.
+    pub async fn collect_for_peer(
+        &self,
+        topic: &str,
+        ask: CollectRequest,
+    ) -> Result<Vec<WireRecord>, ApiError> {
+        if ask.max == 0 || ask.max > POLL_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_max",
+                format!("max must be between 1 and {POLL_MAX}"),
+            ));
+        }
+        let t = self.topic(topic).await?;
+        let req = PollRequest {
+            topic: topic.to_string(),
+            group: ask.group,
+            member: ask.member,
+            mode: ask.mode,
+            max: ask.max,
+            timeout: Duration::ZERO,
+            session_timeout: SESSION_TIMEOUT_MAX,
+        };
+        let delivered = self.collect(&req, &t, &ask.partitions).await?;
+        Ok(delivered.iter().map(|d| WireRecord::new(d.partition, &d.record, d.delivery)).collect())
     }
 
     async fn heartbeat(&self, req: &PollRequest) -> Result<(), ApiError> {
@@ -1075,7 +1233,7 @@ impl Agent {
             if out.len() >= max || next_offset >= reader.high_watermark() {
                 continue;
             }
-            let (records, _, _) = self.read(&req.topic, p, next_offset, max - out.len()).await?;
+            let (records, _, _) = self.read(&req.topic, p, next_offset, max - out.len(), true).await?;
             // Phase 3: deliver what nobody else took meanwhile.
             let mut cursors = lock(&self.inner.cursors);
             let Some(cursor) = cursors.get_mut(&key) else { continue };
@@ -1100,7 +1258,7 @@ impl Agent {
     }
 
     async fn read_one(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>, ApiError> {
-        let (records, _, _) = self.read(topic, partition, offset, 1).await?;
+        let (records, _, _) = self.read(topic, partition, offset, 1, true).await?;
         Ok(records.into_iter().find(|r| r.offset == offset))
     }
 
@@ -1156,22 +1314,52 @@ impl Agent {
 
     /// Acknowledges messages for a group. All ids are checked first: if any is malformed or was
     /// never delivered to the group, nothing is acknowledged.
-    pub async fn ack(&self, group: &str, ids: &[String]) -> Result<usize, ApiError> {
+    ///
+    /// Ids of partitions other agents write are acknowledged there. Every id is checked
+    /// (everywhere) before any is acknowledged, so a request with a bad id changes nothing;
+    /// `dry_run` only checks.
+    pub async fn ack(
+        &self,
+        group: &str,
+        ids: &[String],
+        dry_run: bool,
+        forwarded: bool,
+    ) -> Result<usize, ApiError> {
         if ids.is_empty() || ids.len() > ACK_IDS_MAX {
             return Err(ApiError::bad_request(
                 "invalid_ack",
                 format!("an ack request needs between 1 and {ACK_IDS_MAX} ids"),
             ));
         }
-        let mut parsed = Vec::with_capacity(ids.len());
+        let mut local = Vec::with_capacity(ids.len());
+        let mut remote: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         for id in ids {
-            let id: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
+            let parsed: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
                 ApiError::bad_request("invalid_id", e.to_string())
             })?;
-            parsed.push(id);
+            match self.target(&parsed.topic, parsed.partition, forwarded).await? {
+                Target::Local(_) => local.push(parsed),
+                Target::Remote { agent, addr } => remote.entry((agent, addr)).or_default().push(id.clone()),
+            }
         }
+        self.ack_local(group, &local, true)?;
+        for ((agent, addr), ids) in &remote {
+            self.inner.peers.ack((agent, addr), group, ids, true).await?;
+        }
+        if dry_run {
+            return Ok(0);
+        }
+        let mut acked = self.ack_local(group, &local, false)?;
+        for ((agent, addr), ids) in &remote {
+            acked += self.inner.peers.ack((agent, addr), group, ids, false).await?;
+        }
+        Ok(acked)
+    }
+
+    /// Checks (`dry_run`) or acknowledges ids of partitions this agent writes.
+    fn ack_local(&self, group: &str, parsed: &[MessageId], dry_run: bool) -> Result<usize, ApiError> {
         let mut cursors = lock(&self.inner.cursors);
-        for id in &parsed {
+        for id in parsed {
             let key = (group.to_string(), id.topic.clone(), id.partition);
             let outcome = cursors.get(&key).map(|c| c.check_ack(id.offset));
             if outcome.is_none_or(|o| o == AckOutcome::NotDelivered) {
@@ -1191,8 +1379,11 @@ impl Agent {
                 }
             }
         }
+        if dry_run {
+            return Ok(0);
+        }
         let mut acked = 0;
-        for id in &parsed {
+        for id in parsed {
             let key = (group.to_string(), id.topic.clone(), id.partition);
             if let Some(c) = cursors.get_mut(&key) {
                 if c.ack(id.offset) == AckOutcome::Acked {
@@ -1221,7 +1412,7 @@ impl Agent {
             let Ok(t) = self.topic_local(topic) else { continue };
             let mut lags = Vec::new();
             for p in 0..t.partitions.len() as u32 {
-                let hwm = self.partition(topic, p).await?.reader().high_watermark();
+                let hwm = self.high_watermark(topic, p).await?;
                 let (floor, in_flight) =
                     match lock(&self.inner.cursors).get(&(group.to_string(), topic.clone(), p)) {
                         Some(c) => (c.floor(), c.in_flight_len()),

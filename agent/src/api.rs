@@ -18,6 +18,7 @@ use silt_record::{Header, MessageId, Record};
 
 use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
 use crate::error::ApiError;
+use crate::peer::{CollectRequest, WirePage, WireRecord, FORWARDED_HEADER};
 
 /// Largest request body the API reads.
 pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
@@ -39,12 +40,20 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/groups/{group}", get(describe_group))
         .route("/v1/groups/{group}/ack", post(ack))
         .route("/v1/groups/{group}/leave", post(leave))
+        .route("/internal/v1/topics/{topic}/partitions/{partition}/records", get(peer_read))
+        .route("/internal/v1/topics/{topic}/partitions/{partition}/offset", get(peer_offset_for_time))
+        .route("/internal/v1/topics/{topic}/collect", post(peer_collect))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .with_state(agent)
 }
 
 type ApiResult<T> = Result<T, ApiError>;
+
+/// Whether another agent forwarded this request (then it is never forwarded again).
+fn forwarded(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(FORWARDED_HEADER)
+}
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
     body.map(|Json(v)| v).map_err(|e| ApiError::bad_request("invalid_json", e.body_text()))
@@ -231,9 +240,10 @@ async fn produce(
 async fn produce_batch(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let (base, last) = agent.produce_batch(&topic, partition, body).await?;
+    let (base, last) = agent.produce_batch(&topic, partition, body, forwarded(&headers)).await?;
     Ok(Json(serde_json::json!({
         "base_offset": base,
         "last_offset": last,
@@ -329,13 +339,60 @@ async fn replay(
             return Err(ApiError::bad_request("invalid_query", "give from_offset or from_time, not both"));
         }
         (Some(o), None) => o,
-        (None, Some(t)) => agent.offset_for_time(&topic, partition, t).await?,
+        (None, Some(t)) => agent.offset_for_time(&topic, partition, t, false).await?,
         (None, None) => 0,
     };
-    let (records, next, hwm) = agent.read(&topic, partition, from, p.max).await?;
+    let (records, next, hwm) = agent.read(&topic, partition, from, p.max, false).await?;
     let messages: Vec<MessageOut> =
         records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
     Ok(Json(serde_json::json!({ "messages": messages, "next_offset": next, "high_watermark": hwm })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerReadParams {
+    from_offset: u64,
+    max: usize,
+}
+
+/// Another agent reads a partition this agent writes.
+async fn peer_read(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<PeerReadParams>, QueryRejection>,
+) -> ApiResult<Json<WirePage>> {
+    let p = query(params)?;
+    let (records, next_offset, high_watermark) =
+        agent.read(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX), true).await?;
+    let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
+    Ok(Json(WirePage { records, next_offset, high_watermark }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerTimeParams {
+    time: i64,
+}
+
+/// Another agent looks up an offset by time in a partition this agent writes.
+async fn peer_offset_for_time(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<PeerTimeParams>, QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = query(params)?;
+    let offset = agent.offset_for_time(&topic, partition, p.time, true).await?;
+    Ok(Json(serde_json::json!({ "offset": offset })))
+}
+
+/// Another agent delivers messages of partitions this agent writes to a member polling there.
+async fn peer_collect(
+    State(agent): State<Agent>,
+    Path(topic): Path<String>,
+    body: Result<Json<CollectRequest>, JsonRejection>,
+) -> ApiResult<Json<Vec<WireRecord>>> {
+    let ask = json_body(body)?;
+    Ok(Json(agent.collect_for_peer(&topic, ask).await?))
 }
 
 /// One archived object as `silt archive ls` shows it.
@@ -444,13 +501,23 @@ struct AckJson {
     ids: Vec<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckParams {
+    #[serde(default)]
+    dry_run: bool,
+}
+
 async fn ack(
     State(agent): State<Agent>,
     Path(group): Path<String>,
+    headers: axum::http::HeaderMap,
+    params: Result<Query<AckParams>, QueryRejection>,
     body: Result<Json<AckJson>, JsonRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    let params = query(params)?;
     let req = json_body(body)?;
-    let acked = agent.ack(&group, &req.ids).await?;
+    let acked = agent.ack(&group, &req.ids, params.dry_run, forwarded(&headers)).await?;
     Ok(Json(serde_json::json!({ "acked": acked })))
 }
 

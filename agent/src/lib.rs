@@ -17,6 +17,7 @@ pub mod group_cursor;
 pub mod metrics;
 pub mod partition_log;
 pub mod partition_writer;
+pub mod peer;
 pub mod segment;
 
 pub use agent::{Agent, AgentConfig, Archive};

@@ -194,15 +194,12 @@ async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch(
     assert_eq!(writer_of(&s, "t", 1).0.as_deref(), Some("a2"), "partitions are spread");
     let epoch0 = writer_of(&s, "t", 0).1;
 
-    // Each agent writes its own partition; the other one names the writer.
+    // Each agent writes its own partition, and passes what belongs to the other one on.
     let before0 = a1.client().produce("t", &messages(Some(0), "before", 50)).await.expect("produce p0");
-    a2.client().produce("t", &messages(Some(1), "before", 50)).await.expect("produce p1");
-    let misdirected =
-        a1.client().produce("t", &messages(Some(1), "x", 1)).await.expect_err("a1 does not write p1");
-    assert!(
-        misdirected.to_string().contains("not_writer") && misdirected.to_string().contains("a2"),
-        "{misdirected}"
-    );
+    let mut before1 = a2.client().produce("t", &messages(Some(1), "before", 25)).await.expect("produce p1");
+    before1
+        .extend(a1.client().produce("t", &messages(Some(1), "before", 25)).await.expect("produce p1 via a1"));
+    assert_eq!(before1.iter().map(|id| offset_of(id).1).collect::<Vec<_>>(), (0..50).collect::<Vec<u64>>());
 
     // kill -9 the writer of partition 0: within its lease, a2 is writer with a higher epoch.
     a1.kill9();
@@ -262,4 +259,76 @@ async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch(
         .expect("partitions")
         .iter()
         .any(|p| p["topic"] == "t" && p["partition"] == 0 && p["writer"] == "a1" && p["epoch"] == epoch2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_agent_serves_produce_replay_poll_and_ack_for_every_partition() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let a1 = agent("a1", &cluster, &objects, "5s");
+    let a2 = agent("a2", &cluster, &objects, "5s");
+    let (c1, c2) = (a1.client(), a2.client());
+    c1.create_topic("events", 4, &BTreeMap::new()).await.expect("create topic");
+    let s = state(&cluster).await.expect("state");
+    let writers: Vec<String> = (0..4).map(|p| writer_of(&s, "events", p).0.expect("writer")).collect();
+    assert!(writers.contains(&"a1".to_string()) && writers.contains(&"a2".to_string()), "{writers:?}");
+
+    // Keyed messages through one agent land on every partition, whoever writes it.
+    let mut produced: BTreeMap<String, String> = BTreeMap::new();
+    for (round, client) in [&c1, &c2, &c1, &c2].into_iter().enumerate() {
+        let batch = messages(None, &format!("r{round}"), 100);
+        let ids = client.produce("events", &batch).await.expect("produce");
+        for (id, m) in ids.into_iter().zip(&batch) {
+            produced.insert(id, m.value.clone().expect("value"));
+        }
+    }
+    assert!((0..4).all(|p| produced.keys().any(|id| offset_of(id).0 == p)), "keys spread over partitions");
+
+    // Replay through either agent reads every partition identically.
+    for p in 0..4 {
+        let via1 = read_all(&c1, "events", p).await;
+        let via2 = read_all(&c2, "events", p).await;
+        assert_eq!(via1, via2, "partition {p}");
+        for (id, value) in produced.iter().filter(|(id, _)| offset_of(id).0 == p) {
+            assert_eq!(via1[offset_of(id).1 as usize].1, *value, "{id}");
+        }
+    }
+    let described = c2.describe_topic("events").await.expect("describe");
+    let hwms: u64 = described["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["high_watermark"].as_u64().expect("hwm"))
+        .sum();
+    assert_eq!(hwms, produced.len() as u64, "{described}");
+
+    // A shared group polls through a2 and acks through a1: every message exactly once.
+    let poll = Poll {
+        group: "workers".into(),
+        member: "w1".into(),
+        mode: "shared".into(),
+        max: 150,
+        timeout_ms: 2000,
+        session_timeout_ms: 30_000,
+    };
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    while seen.len() < produced.len() {
+        let got = c2.poll("events", &poll).await.expect("poll");
+        assert!(!got.is_empty(), "poll returned nothing after {} of {}", seen.len(), produced.len());
+        let ids: Vec<String> = got.iter().map(|m| m.id.clone()).collect();
+        // One id that was never delivered spoils the whole ack: nothing is acknowledged.
+        let mut bad = ids.clone();
+        bad.push("events/0/999999".into());
+        let refused = c1.ack("workers", &bad).await.expect_err("an undelivered id is refused");
+        assert!(refused.to_string().contains("not_delivered"), "{refused}");
+        assert_eq!(c1.ack("workers", &ids).await.expect("ack"), ids.len() as u64, "none was acked before");
+        for m in got {
+            assert!(seen.insert(m.id.clone(), m.value.expect("value")).is_none(), "{} delivered twice", m.id);
+        }
+    }
+    assert_eq!(seen, produced);
+    let idle = c1.poll("events", &Poll { timeout_ms: 300, ..poll }).await.expect("poll");
+    assert!(idle.is_empty(), "acknowledged messages came back: {:?}", idle.first());
 }

@@ -1,0 +1,302 @@
+//! Requests from one agent to another: a client may talk to any agent, and the agent passes
+//! what belongs to a partition another agent writes on to that agent.
+//!
+//! Forwarded requests carry [`FORWARDED_HEADER`]; an agent never forwards such a request again
+//! (if it is not the writer either, the client gets `not_writer`), so a stale view of
+//! metadata can cause an error but never a loop. Records travel as JSON with base64 bytes
+//! ([`WireRecord`]); appends travel as the RecordBatch v2 bytes they are stored as.
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use silt_metadata::state::GroupMode;
+use silt_record::{Header, Record};
+
+use crate::agent::Delivered;
+use crate::error::ApiError;
+
+/// Set on a request one agent forwards to another.
+pub const FORWARDED_HEADER: &str = "x-silt-forwarded-by";
+/// Longest a forwarded request may take beyond its own wait (a poll's timeout).
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A record between agents.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireRecord {
+    /// Partition.
+    pub partition: u32,
+    /// Offset.
+    pub offset: u64,
+    /// Timestamp (ms).
+    pub timestamp_ms: i64,
+    /// Key, base64.
+    pub key: Option<String>,
+    /// Value, base64.
+    pub value: Option<String>,
+    /// Headers: key and base64 value.
+    pub headers: Vec<(String, Option<String>)>,
+    /// Deliveries to the group, for polls.
+    pub delivery: u32,
+}
+
+impl WireRecord {
+    /// Encodes a record.
+    pub fn new(partition: u32, record: &Record, delivery: u32) -> Self {
+        let b64 = |b: &Option<Bytes>| b.as_ref().map(|b| B64.encode(b));
+        WireRecord {
+            partition,
+            offset: record.offset,
+            timestamp_ms: record.timestamp_ms,
+            key: b64(&record.key),
+            value: b64(&record.value),
+            headers: record.headers.iter().map(|h| (h.key.clone(), b64(&h.value))).collect(),
+            delivery,
+        }
+    }
+
+    /// Decodes it.
+    pub fn into_delivered(self) -> Result<Delivered, ApiError> {
+        let bytes = |s: Option<String>| -> Result<Option<Bytes>, ApiError> {
+            s.map(|s| {
+                B64.decode(s)
+                    .map(Bytes::from)
+                    .map_err(|e| ApiError::unavailable(format!("bad record from a peer: {e}")))
+            })
+            .transpose()
+        };
+        let mut headers = Vec::with_capacity(self.headers.len());
+        for (key, value) in self.headers {
+            headers.push(Header { key, value: bytes(value)? });
+        }
+        Ok(Delivered {
+            partition: self.partition,
+            record: Record {
+                offset: self.offset,
+                timestamp_ms: self.timestamp_ms,
+                key: bytes(self.key)?,
+                value: bytes(self.value)?,
+                headers,
+            },
+            delivery: self.delivery,
+        })
+    }
+}
+
+/// Records read from a partition on another agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WirePage {
+    /// The records.
+    pub records: Vec<WireRecord>,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    /// The partition's end when read.
+    pub high_watermark: u64,
+}
+
+/// What a front agent asks a partition's writer to deliver to a group member.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CollectRequest {
+    /// Group.
+    pub group: String,
+    /// Member.
+    pub member: String,
+    /// Mode.
+    pub mode: GroupMode,
+    /// Partitions the member may take from that this writer writes.
+    pub partitions: Vec<u32>,
+    /// Most messages.
+    pub max: u32,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+/// Codes an agent answers with, so that a forwarded error keeps its code.
+const CODES: &[&str] = &[
+    "corrupt_data",
+    "empty_request",
+    "group_mode_mismatch",
+    "internal",
+    "invalid_ack",
+    "invalid_argument",
+    "invalid_config",
+    "invalid_id",
+    "invalid_json",
+    "invalid_max",
+    "invalid_message",
+    "invalid_query",
+    "invalid_record_batch",
+    "invalid_session_timeout",
+    "invalid_timeout",
+    "invalid_topic_name",
+    "message_too_large",
+    "not_delivered",
+    "not_found",
+    "not_writer",
+    "offset_out_of_range",
+    "storage_error",
+    "too_many_messages",
+    "topic_exists",
+    "unavailable",
+    "unknown_group",
+    "unknown_partition",
+    "unknown_topic",
+];
+
+/// The HTTP client agents use to reach each other.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    http: reqwest::Client,
+    me: String,
+}
+
+impl Peers {
+    /// A client that names this agent in [`FORWARDED_HEADER`].
+    pub fn new(me: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap_or_default();
+        Peers { http, me: me.to_string() }
+    }
+
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        agent: &str,
+        addr: &str,
+        request: reqwest::RequestBuilder,
+        wait: Duration,
+    ) -> Result<T, ApiError> {
+        let reply =
+            request.header(FORWARDED_HEADER, &self.me).timeout(wait + PEER_TIMEOUT).send().await.map_err(
+                |e| ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}")),
+            )?;
+        let status = reply.status();
+        let body = reply.bytes().await.map_err(|e| {
+            ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
+        })?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|e| {
+                ApiError::unavailable(format!("agent '{agent}' at {addr} answered nonsense: {e}"))
+            });
+        }
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(ErrorBody { error }) => {
+                let code = CODES.iter().find(|c| **c == error.code).copied().unwrap_or("unavailable");
+                Err(ApiError::new(status, code, error.message))
+            }
+            Err(_) => Err(ApiError::unavailable(format!(
+                "agent '{agent}' at {addr} answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
+        }
+    }
+
+    fn url(addr: &str, path: &str) -> String {
+        format!("http://{addr}{path}")
+    }
+
+    /// Appends a batch on the partition's writer; returns its first and last offset.
+    pub async fn append(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        batch: Bytes,
+    ) -> Result<(u64, u64), ApiError> {
+        #[derive(Deserialize)]
+        struct Range {
+            base_offset: u64,
+            last_offset: u64,
+        }
+        let request = self
+            .http
+            .post(Self::url(addr, &format!("/v1/topics/{topic}/partitions/{partition}/batches")))
+            .header("content-type", "application/vnd.kafka.record-batch.v2")
+            .body(batch);
+        let r: Range = self.send(agent, addr, request, Duration::ZERO).await?;
+        Ok((r.base_offset, r.last_offset))
+    }
+
+    /// Reads records of a partition from its writer (which reads the archive too).
+    pub async fn read(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<WirePage, ApiError> {
+        let request = self
+            .http
+            .get(Self::url(addr, &format!("/internal/v1/topics/{topic}/partitions/{partition}/records")))
+            .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
+        self.send(agent, addr, request, Duration::ZERO).await
+    }
+
+    /// The first offset at or after a time, from the partition's writer.
+    pub async fn offset_for_time(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, ApiError> {
+        #[derive(Deserialize)]
+        struct Offset {
+            offset: u64,
+        }
+        let request = self
+            .http
+            .get(Self::url(addr, &format!("/internal/v1/topics/{topic}/partitions/{partition}/offset")))
+            .query(&[("time", timestamp_ms.to_string())]);
+        let o: Offset = self.send(agent, addr, request, Duration::ZERO).await?;
+        Ok(o.offset)
+    }
+
+    /// Delivers messages of the writer's partitions to a group member (no waiting).
+    pub async fn collect(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        req: &CollectRequest,
+    ) -> Result<Vec<Delivered>, ApiError> {
+        let request =
+            self.http.post(Self::url(addr, &format!("/internal/v1/topics/{topic}/collect"))).json(req);
+        let records: Vec<WireRecord> = self.send(agent, addr, request, Duration::ZERO).await?;
+        records.into_iter().map(WireRecord::into_delivered).collect()
+    }
+
+    /// Acknowledges messages on their partitions' writer; `dry_run` only checks them.
+    pub async fn ack(
+        &self,
+        (agent, addr): (&str, &str),
+        group: &str,
+        ids: &[String],
+        dry_run: bool,
+    ) -> Result<usize, ApiError> {
+        #[derive(Deserialize)]
+        struct Acked {
+            acked: usize,
+        }
+        let request = self
+            .http
+            .post(Self::url(addr, &format!("/v1/groups/{group}/ack")))
+            .query(&[("dry_run", dry_run.to_string())])
+            .json(&serde_json::json!({ "ids": ids }));
+        let a: Acked = self.send(agent, addr, request, Duration::ZERO).await?;
+        Ok(a.acked)
+    }
+}
