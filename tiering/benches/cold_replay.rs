@@ -18,7 +18,8 @@
 //! - **`replay`:** every record through `ColdReader::read` in pages of 10,000 records, with a new
 //!   memory-only `ColdReader` (default options) for each pass, so every row group and the footer
 //!   are fetched again. Throughput is counted in the same object bytes as `raw_get`.
-//!   `SILT_BENCH_PAGE_RECORDS` changes the page size (the replay API's default is 1,000).
+//!   `SILT_BENCH_PAGE_RECORDS` changes the page size (the replay API's default is 1,000),
+//!   `SILT_BENCH_READAHEAD_BYTES` the reader's `readahead_bytes` (0 turns readahead off).
 //! - **`replay_warm_cache`** (file store only): the same with a reader whose cache already holds
 //!   every row group, so it measures decoding alone.
 //!
@@ -328,8 +329,18 @@ fn page_records() -> usize {
         .unwrap_or(PAGE_RECORDS)
 }
 
+/// Default options, but `SILT_BENCH_READAHEAD_BYTES` (0 turns readahead off).
+fn reader_options() -> ColdReaderOptions {
+    let defaults = ColdReaderOptions::default();
+    let readahead_bytes = std::env::var("SILT_BENCH_READAHEAD_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(defaults.readahead_bytes);
+    ColdReaderOptions { readahead_bytes, ..defaults }
+}
+
 async fn cold_reader(store: &Arc<dyn ObjectStore>) -> ColdReader {
-    ColdReader::new(Arc::clone(store), ColdReaderOptions::default()).await.expect("cold reader")
+    ColdReader::new(Arc::clone(store), reader_options()).await.expect("cold reader")
 }
 
 fn bench_raw_get(group: &mut BenchmarkGroup<'_, WallTime>, rt: &tokio::runtime::Runtime, t: &Target) {
@@ -375,7 +386,7 @@ fn bench_replay(group: &mut BenchmarkGroup<'_, WallTime>, rt: &tokio::runtime::R
 fn bench_replay_warm(group: &mut BenchmarkGroup<'_, WallTime>, rt: &tokio::runtime::Runtime, t: &Target) {
     let name = format!("{}/replay_warm_cache", t.name);
     let reader = rt.block_on(async {
-        let options = ColdReaderOptions { memory_bytes: 4 * t.object_bytes as usize, ..Default::default() };
+        let options = ColdReaderOptions { memory_bytes: 4 * t.object_bytes as usize, ..reader_options() };
         let reader = ColdReader::new(Arc::clone(&t.store), options).await.expect("cold reader");
         replay(&reader, t, None).await;
         reader
@@ -518,7 +529,7 @@ fn main() {
             let s = reader.stats();
             println!(
                 "{} ({}): one cold replay made {} requests ({} GET range calls), fetched {} of {} object bytes; \
-                 row groups: {} misses, {} hits; footers: {} misses",
+                 row groups: {} misses, {} hits, {} read ahead; footers: {} misses",
                 t.name,
                 t.url,
                 after.requests() - before.requests(),
@@ -527,17 +538,24 @@ fn main() {
                 object_bytes,
                 s.cache_misses,
                 s.cache_hits,
+                s.readahead_row_groups,
                 s.footer_misses,
             );
         }
         let (_, md) = read_archive_meta(targets[0].store.as_ref(), &targets[0].key, Some(object_bytes))
             .await
             .expect("footer");
+        let sizes: Vec<i64> = md.row_groups().iter().map(|rg| rg.total_byte_size()).collect();
+        println!("row groups, uncompressed bytes: {sizes:?}");
         (md.file_metadata().num_rows(), md.num_row_groups())
     });
     drop(records);
 
-    println!("\nreplay pages of {} records", page_records());
+    println!(
+        "\nreplay pages of {} records, readahead_bytes {}",
+        page_records(),
+        reader_options().readahead_bytes
+    );
     println!("records: {RECORDS} of {RECORD_BYTES} bytes (key {KEY_BYTES}, one header, value {VALUE_BYTES}), generated in {generated:.2?}");
     println!("raw record batches (<= 64 KiB each): {raw_bytes} bytes");
     println!(

@@ -12,6 +12,13 @@
 //! consumers cannot take the bucket bandwidth the write path (the compactor) needs. Concurrent
 //! reads of the same row group share one fetch.
 //!
+//! A sequential read (one that continues where an earlier read of the object ended, or starts
+//! at the object's first offset) also starts decoding the next row group or two of the object
+//! in the background, on the blocking pool, bounded by `readahead_bytes` of uncompressed row
+//! groups (see `readahead.rs`), so that fetching and decoding the next row group overlap
+//! with the current one, on another core. A read never waits for a readahead it does not need,
+//! and it gets the same records with or without one.
+//!
 //! Objects are immutable once archived (conditional create), so cached bytes never go stale;
 //! the object size in the key keeps a re-created object at the same key apart.
 
@@ -36,12 +43,14 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
 use silt_record::Record;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
+use tracing::debug;
 
 use crate::archive_format::{
     archive_read_schema, decode_records, read_archive_meta_counted, row_group_byte_ranges, row_group_stats,
     ArchiveMeta, RowGroupStats, COLUMN_OFFSET, COLUMN_TIMESTAMP,
 };
+use crate::readahead::{PlannedRowGroup, ReadaheadPlanner};
 use crate::TieringError;
 
 /// Rows decoded per Arrow batch.
@@ -67,6 +76,10 @@ pub struct ColdReaderOptions {
     /// Memory for decoded row groups, so that consecutive small reads (a consumer polling 100
     /// records at a time) decode each row group once.
     pub decoded_memory_bytes: usize,
+    /// Most bytes of row groups (their uncompressed size in the footer, about the memory they
+    /// take decoded) decoded ahead of sequential reads, at most 2 row groups ahead of a read
+    /// and never more than half of `decoded_memory_bytes`; 0 turns readahead off.
+    pub readahead_bytes: usize,
 }
 
 impl Default for ColdReaderOptions {
@@ -78,6 +91,7 @@ impl Default for ColdReaderOptions {
             concurrency_max: 8,
             footer_memory_bytes: 16 * 1024 * 1024,
             decoded_memory_bytes: 64 * 1024 * 1024,
+            readahead_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -97,12 +111,15 @@ pub struct ColdReaderStats {
     pub fetches: u64,
     /// Bytes fetched from the object store.
     pub bytes_fetched: u64,
+    /// Row groups whose decode a readahead started.
+    pub readahead_row_groups: u64,
 }
 
 impl ColdReaderStats {
     /// The counters in the Prometheus text format: `silt_tiering_cold_row_groups_total` and
     /// `silt_tiering_cold_footers_total` (label `result`: `hit` or `miss`),
-    /// `silt_tiering_cold_fetches_total` and `silt_tiering_cold_fetched_bytes_total`.
+    /// `silt_tiering_cold_fetches_total`, `silt_tiering_cold_fetched_bytes_total` and
+    /// `silt_tiering_cold_readahead_row_groups_total`.
     pub fn encode_prometheus(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
@@ -135,6 +152,12 @@ impl ColdReaderStats {
         );
         let _ = writeln!(out, "# TYPE silt_tiering_cold_fetched_bytes_total counter");
         let _ = writeln!(out, "silt_tiering_cold_fetched_bytes_total {}", self.bytes_fetched);
+        let _ = writeln!(
+            out,
+            "# HELP silt_tiering_cold_readahead_row_groups_total Row groups decoded ahead of sequential cold reads."
+        );
+        let _ = writeln!(out, "# TYPE silt_tiering_cold_readahead_row_groups_total counter");
+        let _ = writeln!(out, "silt_tiering_cold_readahead_row_groups_total {}", self.readahead_row_groups);
         out
     }
 }
@@ -147,6 +170,7 @@ struct Counters {
     footer_misses: AtomicU64,
     fetches: AtomicU64,
     bytes_fetched: AtomicU64,
+    readahead_row_groups: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -268,6 +292,8 @@ struct Footer {
     metadata: Arc<ParquetMetaData>,
     arrow: ArrowReaderMetadata,
     row_groups: Vec<Option<RowGroupStats>>,
+    /// Uncompressed bytes of each row group (what readahead counts).
+    row_group_bytes: Vec<u64>,
 }
 
 /// Serves the Parquet async reader from one row group's cached bytes.
@@ -289,21 +315,56 @@ impl AsyncFileReader for CachedRowGroup {
     }
 }
 
-/// Reads archived segments. See the module documentation.
-pub struct ColdReader {
+/// What fetches and decodes row groups: cheap to clone into a fetch that outlives the call
+/// that started it (a readahead).
+#[derive(Clone)]
+struct RowGroupSource {
     store: Arc<dyn ObjectStore>,
     row_groups: HybridCache<RowGroupKey, RowGroupBytes>,
-    footers: Cache<(String, u64), Arc<Footer>>,
-    decoded: Cache<RowGroupKey, Arc<DecodedRowGroup>>,
     fetch_permits: Arc<Semaphore>,
     counters: Arc<Counters>,
+}
+
+/// Decodes row groups ahead of sequential reads; see `readahead.rs`.
+struct Readahead {
+    planner: Mutex<ReadaheadPlanner>,
+    /// Notified whenever a row group read ahead is done.
+    done: Notify,
+}
+
+impl Readahead {
+    fn planner(&self) -> std::sync::MutexGuard<'_, ReadaheadPlanner> {
+        // The planner is plain bookkeeping that cannot be left half-updated: use it after a panic.
+        self.planner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Releases a row group's readahead budget when its decode ends, however it ends.
+struct ReadaheadSlot {
+    readahead: Arc<Readahead>,
+    planned: PlannedRowGroup,
+}
+
+impl Drop for ReadaheadSlot {
+    fn drop(&mut self) {
+        self.readahead.planner().finished(&self.planned);
+        self.readahead.done.notify_waiters();
+    }
+}
+
+/// Reads archived segments. See the module documentation.
+pub struct ColdReader {
+    source: RowGroupSource,
+    footers: Cache<(String, u64), Arc<Footer>>,
+    decoded: Cache<RowGroupKey, Arc<DecodedRowGroup>>,
+    readahead: Arc<Readahead>,
     options: ColdReaderOptions,
 }
 
 impl std::fmt::Debug for ColdReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ColdReader")
-            .field("store", &self.store.to_string())
+            .field("store", &self.source.store.to_string())
             .field("options", &self.options)
             .field("stats", &self.stats())
             .finish()
@@ -360,20 +421,29 @@ impl ColdReader {
             .with_shards(1)
             .with_weighter(|k: &RowGroupKey, v: &Arc<DecodedRowGroup>| k.object_key.len() + 64 + v.bytes)
             .build();
+        // What is read ahead lands in the decoded cache: keep it to half of it, so that it does
+        // not push out the row group a read is in.
+        let readahead_bytes = options.readahead_bytes.min(options.decoded_memory_bytes / 2);
         Ok(ColdReader {
-            store,
-            row_groups,
+            source: RowGroupSource {
+                store,
+                row_groups,
+                fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
+                counters: Arc::default(),
+            },
             footers,
             decoded,
-            fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
-            counters: Arc::default(),
+            readahead: Arc::new(Readahead {
+                planner: Mutex::new(ReadaheadPlanner::new(readahead_bytes as u64)),
+                done: Notify::new(),
+            }),
             options,
         })
     }
 
     /// The counters so far.
     pub fn stats(&self) -> ColdReaderStats {
-        let c = &self.counters;
+        let c = &self.source.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ColdReaderStats {
             cache_hits: get(&c.cache_hits),
@@ -382,12 +452,29 @@ impl ColdReader {
             footer_misses: get(&c.footer_misses),
             fetches: get(&c.fetches),
             bytes_fetched: get(&c.bytes_fetched),
+            readahead_row_groups: get(&c.readahead_row_groups),
         }
     }
 
-    /// Flushes and closes the disk cache.
+    /// Stops reading ahead, waits for the row groups being read ahead, then flushes and closes
+    /// the disk cache.
     pub async fn close(&self) -> Result<(), TieringError> {
-        self.row_groups.close().await.map_err(|e| cache_error("closing the row group cache", e))
+        self.readahead.planner().close();
+        self.readahead_drained().await;
+        self.source.row_groups.close().await.map_err(|e| cache_error("closing the row group cache", e))
+    }
+
+    /// Waits until no row group is being read ahead.
+    async fn readahead_drained(&self) {
+        loop {
+            let done = self.readahead.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.readahead.planner().is_idle() {
+                return;
+            }
+            done.await;
+        }
     }
 
     /// Up to `max_records` records of the archive at `object_key` (of `object_bytes` bytes),
@@ -407,10 +494,15 @@ impl ColdReader {
         if from_offset > footer.meta.last_offset {
             return Ok(Vec::new());
         }
+        let sequential =
+            self.readahead.planner().is_sequential(object_key, from_offset, footer.meta.base_offset);
         let mut out = Vec::new();
         for (rg, stats) in footer.row_groups.iter().enumerate() {
             if stats.is_some_and(|s| s.max_offset < from_offset) {
                 continue;
+            }
+            if sequential {
+                self.read_ahead(object_key, object_bytes, &footer, rg);
             }
             let decoded = self.decoded_row_group(object_key, object_bytes, &footer, rg).await?;
             let start = decoded.records.partition_point(|r| r.offset < from_offset);
@@ -420,11 +512,51 @@ impl ColdReader {
                 break;
             }
         }
+        if let Some(last) = out.last() {
+            self.readahead.planner().read_ended(object_key, from_offset, last.offset.saturating_add(1));
+        }
         Ok(out)
+    }
+
+    /// Starts decoding the row groups after `current` that the readahead planner picks. Each
+    /// is fetched and decoded by the decoded cache's own task, so a read that needs it later
+    /// waits for that decode instead of starting another, and it runs to its end even when no
+    /// read waits for it.
+    fn read_ahead(&self, object_key: &str, object_bytes: u64, footer: &Arc<Footer>, current: usize) {
+        let key = |rg: usize| RowGroupKey {
+            object_key: object_key.to_string(),
+            object_bytes,
+            row_group: u32::try_from(rg).unwrap_or(u32::MAX),
+        };
+        let planned =
+            self.readahead.planner().plan(object_key, object_bytes, current, &footer.row_group_bytes, |rg| {
+                self.decoded.contains(&key(rg))
+            });
+        for planned in planned {
+            let rg = planned.row_group;
+            let slot = ReadaheadSlot { readahead: Arc::clone(&self.readahead), planned };
+            let Ok(row_group) = u32::try_from(rg) else { continue };
+            bump(&self.source.counters.readahead_row_groups, 1);
+            let (source, footer, key) = (self.source.clone(), Arc::clone(footer), key(rg));
+            let fetch_key = key.clone();
+            let fetch = async move {
+                let _slot = slot;
+                let decoded = source.decode(&fetch_key, &footer, row_group, true).await;
+                if let Err(e) = &decoded {
+                    // The read that needs this row group fetches it again and reports the error.
+                    debug!(object = %fetch_key.object_key, row_group, error = %e, "readahead failed");
+                }
+                decoded.map(Arc::new).map_err(|e| std::io::Error::other(e.to_string()))
+            };
+            // The cache runs the fetch on its own task; nothing waits for it here.
+            drop(self.decoded.get_or_fetch(&key, move || fetch));
+        }
     }
 
     /// Every record of one row group, decoded once on the blocking pool and kept in a memory
     /// cache; keys and values are reference-counted, so handing out records copies no payload.
+    /// Concurrent reads of a row group, and a read of a row group being read ahead, share one
+    /// decode.
     async fn decoded_row_group(
         &self,
         object_key: &str,
@@ -432,51 +564,34 @@ impl ColdReader {
         footer: &Arc<Footer>,
         rg: usize,
     ) -> Result<Arc<DecodedRowGroup>, TieringError> {
-        let key = RowGroupKey {
-            object_key: object_key.to_string(),
-            object_bytes,
-            row_group: u32::try_from(rg)
-                .map_err(|_| TieringError::InvalidArchive("too many row groups".into()))?,
-        };
-        if let Some(entry) = self.decoded.get(&key) {
-            bump(&self.counters.cache_hits, 1);
-            return Ok(Arc::clone(entry.value()));
-        }
-        let bytes = self.row_group(object_key, object_bytes, footer, rg).await?;
-        let footer = Arc::clone(footer);
-        // Decoding is CPU work over bytes already in memory: keep it off the async workers.
-        let decoded = tokio::task::spawn_blocking(move || {
-            futures::executor::block_on(async move {
-                let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                    CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
-                    footer.arrow.clone(),
-                )
-                .with_row_groups(vec![rg])
-                .with_batch_size(BATCH_ROWS_MAX)
-                .build()?;
-                let mut records = Vec::new();
-                while let Some(batch) = stream.next().await {
-                    records.extend(decode_records(&batch?)?);
+        let row_group =
+            u32::try_from(rg).map_err(|_| TieringError::InvalidArchive("too many row groups".into()))?;
+        let key = RowGroupKey { object_key: object_key.to_string(), object_bytes, row_group };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let outcome = Arc::new(FetchOutcome::default());
+            let fetch = {
+                let (source, footer, key) = (self.source.clone(), Arc::clone(footer), key.clone());
+                async move { source.decode(&key, &footer, row_group, false).await.map(Arc::new) }
+            };
+            let wrapped = outcome.wrap(fetch);
+            match self.decoded.get_or_fetch(&key, move || wrapped).await {
+                Ok(entry) => {
+                    let decoded = Arc::clone(entry.value());
+                    // A decode this call ran counted its row group already, and so did a
+                    // readahead the first time a read uses what it decoded.
+                    if !outcome.ran() && !decoded.read_ahead_unclaimed.swap(false, Ordering::Relaxed) {
+                        bump(&self.source.counters.cache_hits, 1);
+                    }
+                    return Ok(decoded);
                 }
-                let bytes = records
-                    .iter()
-                    .map(|r: &Record| {
-                        64 + r.key.as_ref().map_or(0, Bytes::len)
-                            + r.value.as_ref().map_or(0, Bytes::len)
-                            + r.headers
-                                .iter()
-                                .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len) + 32)
-                                .sum::<usize>()
-                    })
-                    .sum();
-                Ok::<_, TieringError>(DecodedRowGroup { records, bytes })
-            })
-        })
-        .await
-        .map_err(|e| TieringError::Cache(format!("decoding a row group panicked: {e}")))??;
-        let decoded = Arc::new(decoded);
-        self.decoded.insert(key, Arc::clone(&decoded));
-        Ok(decoded)
+                // This call waited for another call's decode (a readahead, say), which failed:
+                // try once itself, so that the error it reports is its own.
+                Err(_) if !outcome.ran() && attempts < 2 => continue,
+                Err(e) => return Err(outcome.error("decoding a row group", e)),
+            }
+        }
     }
 
     /// The offset of the first record (in offset order) of the archive whose timestamp is at
@@ -500,7 +615,7 @@ impl ColdReader {
             if stats.is_some_and(|s| s.max_timestamp_ms < timestamp_ms) {
                 continue;
             }
-            let bytes = self.row_group(object_key, object_bytes, &footer, rg).await?;
+            let bytes = self.source.row_group(object_key, object_bytes, &footer, rg).await?;
             let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
                 CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
                 footer.arrow.clone(),
@@ -523,34 +638,89 @@ impl ColdReader {
         let path = parse_key(object_key)?;
         let outcome = Arc::new(FetchOutcome::default());
         let fetch = {
-            let (store, permits, counters) =
-                (Arc::clone(&self.store), Arc::clone(&self.fetch_permits), Arc::clone(&self.counters));
+            let source = self.source.clone();
             async move {
                 let (meta, metadata, bytes) = {
-                    let _permit =
-                        permits.acquire_owned().await.map_err(|e| cache_error("fetch limiter", e))?;
-                    bump(&counters.fetches, 1);
-                    read_archive_meta_counted(store.as_ref(), &path, Some(object_bytes)).await?
+                    let _permit = source
+                        .fetch_permits
+                        .acquire_owned()
+                        .await
+                        .map_err(|e| cache_error("fetch limiter", e))?;
+                    bump(&source.counters.fetches, 1);
+                    read_archive_meta_counted(source.store.as_ref(), &path, Some(object_bytes)).await?
                 };
-                bump(&counters.bytes_fetched, bytes);
+                bump(&source.counters.bytes_fetched, bytes);
                 let options = ArrowReaderOptions::new().with_schema(archive_read_schema());
                 let arrow = ArrowReaderMetadata::try_new(Arc::clone(&metadata), options)?;
                 let row_groups =
                     (0..metadata.num_row_groups()).map(|i| row_group_stats(&metadata, i)).collect();
-                Ok(Arc::new(Footer { meta, metadata, arrow, row_groups }))
+                let row_group_bytes = metadata
+                    .row_groups()
+                    .iter()
+                    .map(|rg| u64::try_from(rg.total_byte_size()).unwrap_or(u64::MAX))
+                    .collect();
+                Ok(Arc::new(Footer { meta, metadata, arrow, row_groups, row_group_bytes }))
             }
         };
         let wrapped = outcome.wrap(fetch);
         match self.footers.get_or_fetch(&cache_key, move || wrapped).await {
             Ok(entry) => {
-                bump(
-                    if outcome.ran() { &self.counters.footer_misses } else { &self.counters.footer_hits },
-                    1,
-                );
+                let counters = &self.source.counters;
+                bump(if outcome.ran() { &counters.footer_misses } else { &counters.footer_hits }, 1);
                 Ok(Arc::clone(entry.value()))
             }
             Err(e) => Err(outcome.error("fetching a footer", e)),
         }
+    }
+}
+
+impl RowGroupSource {
+    /// Fetches row group `rg` (through the row group cache) and decodes every record of it on
+    /// the blocking pool. `read_ahead` marks a decode no read asked for yet.
+    async fn decode(
+        &self,
+        key: &RowGroupKey,
+        footer: &Arc<Footer>,
+        rg: u32,
+        read_ahead: bool,
+    ) -> Result<DecodedRowGroup, TieringError> {
+        let rg = rg as usize;
+        let bytes = self.row_group(&key.object_key, key.object_bytes, footer, rg).await?;
+        let footer = Arc::clone(footer);
+        // Decoding is CPU work over bytes already in memory: keep it off the async workers.
+        tokio::task::spawn_blocking(move || {
+            futures::executor::block_on(async move {
+                let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                    CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
+                    footer.arrow.clone(),
+                )
+                .with_row_groups(vec![rg])
+                .with_batch_size(BATCH_ROWS_MAX)
+                .build()?;
+                let mut records = Vec::new();
+                while let Some(batch) = stream.next().await {
+                    records.extend(decode_records(&batch?)?);
+                }
+                let bytes = records
+                    .iter()
+                    .map(|r: &Record| {
+                        64 + r.key.as_ref().map_or(0, Bytes::len)
+                            + r.value.as_ref().map_or(0, Bytes::len)
+                            + r.headers
+                                .iter()
+                                .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len) + 32)
+                                .sum::<usize>()
+                    })
+                    .sum();
+                Ok::<_, TieringError>(DecodedRowGroup {
+                    records,
+                    bytes,
+                    read_ahead_unclaimed: AtomicBool::new(read_ahead),
+                })
+            })
+        })
+        .await
+        .map_err(|e| TieringError::Cache(format!("decoding a row group panicked: {e}")))?
     }
 
     async fn row_group(
@@ -611,6 +781,9 @@ struct DecodedRowGroup {
     records: Vec<Record>,
     /// Approximate memory held, for the cache's weighter.
     bytes: usize,
+    /// Decoded by a readahead and not used by a read yet (its row group was counted as a hit
+    /// or miss when the readahead fetched it).
+    read_ahead_unclaimed: AtomicBool,
 }
 
 /// What happened to one call's cache fetch: whether it ran (a miss, not a hit) and the error
@@ -796,7 +969,7 @@ mod tests {
         assert_eq!(f.reader.stats().cache_misses, 10);
         f.reader.close().await.unwrap();
         let options = f.reader.options.clone();
-        let store = Arc::clone(&f.reader.store);
+        let store = Arc::clone(&f.reader.source.store);
         let Fixture { _dir, records, key, object_bytes, stats, reader } = f;
         drop(reader);
 
@@ -906,11 +1079,111 @@ mod tests {
         }
     }
 
+    /// A memory-only reader over the fixture's store.
+    async fn reader_with(f: &Fixture, readahead_bytes: usize, decoded_memory_bytes: usize) -> ColdReader {
+        let options =
+            ColdReaderOptions { readahead_bytes, decoded_memory_bytes, ..ColdReaderOptions::default() };
+        ColdReader::new(Arc::clone(&f.reader.source.store), options).await.unwrap()
+    }
+
+    async fn drained(reader: &ColdReader) {
+        tokio::time::timeout(Duration::from_secs(30), reader.readahead_drained())
+            .await
+            .expect("the readahead finishes");
+    }
+
+    #[tokio::test]
+    async fn readahead_returns_the_same_records() {
+        let f = fixture(3_000).await;
+        let without = reader_with(&f, 0, 64 * 1024 * 1024).await;
+        let with = reader_with(&f, 32 * 1024 * 1024, 64 * 1024 * 1024).await;
+        for page in [1usize, 333, 1000, 2500] {
+            let (mut from, mut got_without, mut got_with) = (3_000u64, Vec::new(), Vec::new());
+            loop {
+                let a = without.read(&f.key, f.object_bytes, from, page).await.unwrap();
+                let b = with.read(&f.key, f.object_bytes, from, page).await.unwrap();
+                assert_eq!(a, b, "page of {page} from {from}");
+                let Some(last) = b.last() else { break };
+                from = last.offset + 1;
+                got_without.extend(a);
+                got_with.extend(b);
+            }
+            assert_eq!(got_without, f.records);
+            assert_eq!(got_with, f.records);
+        }
+        drained(&with).await;
+        let (a, b) = (without.stats(), with.stats());
+        assert_eq!(a.readahead_row_groups, 0);
+        assert!(b.readahead_row_groups > 0, "{b:?}");
+        // Each row group is fetched once either way: the reads wait for what is read ahead.
+        assert_eq!((a.cache_misses, b.cache_misses), (10, 10), "{a:?} {b:?}");
+        assert_eq!(a.bytes_fetched, b.bytes_fetched);
+    }
+
+    #[tokio::test]
+    async fn readahead_only_follows_sequential_reads_within_its_bounds() {
+        let f = fixture(0).await;
+        let footer = f.reader.footer(&f.key, f.object_bytes).await.unwrap();
+        let largest = *footer.row_group_bytes.iter().max().unwrap() as usize;
+        assert!(footer.row_group_bytes.windows(2).all(|w| (w[0] + w[1]) as usize > largest));
+
+        // A budget of one row group: one row group ahead.
+        let reader = reader_with(&f, largest, 1024 * 1024 * 1024).await;
+        let got = reader.read(&f.key, f.object_bytes, 5_500, 10).await.unwrap();
+        assert_eq!(got, expected(&f.records, 5_500, 10));
+        drained(&reader).await;
+        let s = reader.stats();
+        assert_eq!((s.readahead_row_groups, s.cache_misses), (0, 1), "a read in the middle: {s:?}");
+
+        let got = reader.read(&f.key, f.object_bytes, 5_510, 10).await.unwrap();
+        assert_eq!(got, expected(&f.records, 5_510, 10));
+        drained(&reader).await;
+        let s = reader.stats();
+        assert_eq!((s.readahead_row_groups, s.cache_misses), (1, 2), "it continues: row group 6 {s:?}");
+        let gets = f.stats.snapshot().gets();
+
+        // At the object's start; then a sequential pass to the end reads ahead every row group
+        // once, and nothing past the last.
+        let reader = reader_with(&f, largest, 1024 * 1024 * 1024).await;
+        let mut from = 0;
+        while from < 10_000 {
+            let got = reader.read(&f.key, f.object_bytes, from, 400).await.unwrap();
+            assert_eq!(got, expected(&f.records, from, 400));
+            drained(&reader).await;
+            let s = reader.stats();
+            // Fetched: every row group read so far, and the one after the last.
+            let last = (from + 399).min(9_999) / 1000;
+            assert_eq!(
+                (s.readahead_row_groups, s.cache_misses),
+                ((last + 1).min(9), (last + 2).min(10)),
+                "{from}: {s:?}"
+            );
+            from += 400;
+        }
+        let s = reader.stats();
+        assert_eq!((s.readahead_row_groups, s.cache_misses), (9, 10), "{s:?}");
+        assert_eq!(f.stats.snapshot().gets(), gets + 1 + 10, "the footer and each row group once");
+
+        // A budget of two row groups: two ahead.
+        let reader = reader_with(&f, 2 * largest, 1024 * 1024 * 1024).await;
+        reader.read(&f.key, f.object_bytes, 0, 10).await.unwrap();
+        drained(&reader).await;
+        let s = reader.stats();
+        assert_eq!((s.readahead_row_groups, s.cache_misses), (2, 3), "{s:?}");
+
+        // Never more than half of the decoded cache.
+        assert!(footer.row_group_bytes.iter().all(|b| *b as usize > largest / 2));
+        let reader = reader_with(&f, 2 * largest, largest).await;
+        reader.read(&f.key, f.object_bytes, 0, 10).await.unwrap();
+        drained(&reader).await;
+        assert_eq!(reader.stats().readahead_row_groups, 0, "{:?}", reader.stats());
+    }
+
     #[tokio::test]
     async fn memory_only_cache_evicts_but_stays_correct() {
         let f = fixture(0).await;
         let options = ColdReaderOptions { memory_bytes: 64 * 1024, ..ColdReaderOptions::default() };
-        let small = ColdReader::new(Arc::clone(&f.reader.store), options).await.unwrap();
+        let small = ColdReader::new(Arc::clone(&f.reader.source.store), options).await.unwrap();
         for from in [0u64, 5_000, 9_000, 0] {
             let got = small.read(&f.key, f.object_bytes, from, 1500).await.unwrap();
             assert_eq!(got, expected(&f.records, from, 1500));

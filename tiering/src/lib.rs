@@ -12,7 +12,8 @@
 //! - the **read router** [`locate`](locate::locate): which tier holds an offset, from the
 //!   segment chain in metadata (pure, no I/O);
 //! - the **cold reader** ([`ColdReader`]): reads archived records through a foyer hybrid
-//!   cache, fetching only the row groups it needs, with its own bounded concurrency.
+//!   cache, fetching only the row groups it needs, with its own bounded concurrency, and
+//!   decoding the next row groups ahead of sequential reads (`readahead.rs`, bounded in bytes).
 //!
 //! It never decides what to archive or when to delete it: that is the compactor's job
 //! (`silt-compactor`), which calls [`encode_archive`] and [`read_archive_meta`] here and commits
@@ -30,6 +31,7 @@ pub mod fault_injecting_object_store;
 pub mod instrumented_object_store;
 pub mod locate;
 pub mod object_layout;
+mod readahead;
 pub mod retrying_object_store;
 pub mod store_url;
 
