@@ -199,7 +199,7 @@ impl PartitionWriter {
                 error!(
                     base_offset = open.base_offset,
                     "this agent held the open segment but its local log does not have it (a new or wiped data \
-                     directory); sealing it empty: its unarchived records are lost"
+                     directory); sealing it empty: whatever it held was on this agent only and is lost"
                 );
             }
             let summary = local.unwrap_or(SealedSummary {

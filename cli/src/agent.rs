@@ -43,6 +43,22 @@ pub struct AgentProcessConfig {
     pub compactor: bool,
 }
 
+/// The address other agents reach this one at when `--advertise` is not given: the listener's,
+/// or, when it listens on every interface (`0.0.0.0`), the local address the kernel routes
+/// towards the first metadata node (the interface the cluster shares), with the listener's port.
+fn default_advertise(listen: SocketAddr, metadata: &[String]) -> Result<String> {
+    if !listen.ip().is_unspecified() {
+        return Ok(listen.to_string());
+    }
+    let first = metadata.first().context("--metadata names no node")?;
+    let target = first.trim_start_matches("http://").trim_start_matches("https://");
+    let probe = std::net::UdpSocket::bind(("0.0.0.0", 0))
+        .and_then(|s| s.connect(target).map(|()| s))
+        .and_then(|s| s.local_addr())
+        .with_context(|| format!("cannot tell which address reaches {target}; give --advertise HOST:PORT"))?;
+    Ok(SocketAddr::new(probe.ip(), listen.port()).to_string())
+}
+
 /// Runs the agent until SIGINT or SIGTERM, then drains, deregisters and stops.
 pub async fn run(config: AgentProcessConfig) -> Result<()> {
     init_tracing();
@@ -51,7 +67,10 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr().context("listener has no address")?;
-    let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let advertise = match &config.advertise {
+        Some(a) => a.clone(),
+        None => default_advertise(addr, &config.metadata)?,
+    };
     let client = MetadataClient::new(config.metadata.clone()).context("invalid --metadata")?;
     let cancel = CancellationToken::new();
     let remote = RemoteMetadata::connect(client, cancel.clone())

@@ -203,6 +203,12 @@ impl SiltDev {
         }
     }
 
+    /// Deletes the data directory of a stopped process (a lost disk).
+    pub fn wipe_data_dir(&mut self) {
+        assert!(self.child.is_none(), "stop or kill first");
+        std::fs::remove_dir_all(&self.data_dir).expect("remove the data directory");
+    }
+
     /// Starts the process again on the same data directory (on a new port).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");

@@ -1052,16 +1052,13 @@ fn terraform_systemd_units_use_flags_silt_has_and_variables_their_env_files_set(
             assert!(set.contains(&var), "silt-{role}.service uses ${var}, which {env_file} does not set");
         }
 
-        // Every flag exists in `silt <role> --help`. `silt agent` arrives with issue #4's second
-        // part; until the binary has it, its unit cannot be checked against it.
+        // Every flag exists in `silt <role> --help`.
         let help = Command::new(silt_tests::silt_bin()).args([role, "--help"]).output().expect("run silt");
-        if !help.status.success() {
-            let _ = writeln!(
-                report,
-                "silt {role} --help failed (not built yet?): flags of silt-{role}.service not checked"
-            );
-            continue;
-        }
+        assert!(
+            help.status.success(),
+            "silt {role} --help failed: {}",
+            String::from_utf8_lossy(&help.stderr)
+        );
         let help = String::from_utf8_lossy(&help.stdout);
         for flag in exec.split_whitespace().filter(|w| w.starts_with("--")) {
             assert!(
