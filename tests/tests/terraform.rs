@@ -20,7 +20,6 @@
 //! use flags the binary has and variables their environment files set.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -1030,7 +1029,6 @@ fn env_names(path: &Path) -> BTreeSet<String> {
 #[test]
 fn terraform_systemd_units_use_flags_silt_has_and_variables_their_env_files_set() {
     let deploy = repo_root().join("deploy");
-    let mut report = String::new();
     for (role, env_file) in [("metadata", "env/metadata.env"), ("agent", "env/agent.env")] {
         let (exec, env_paths) = unit(&deploy.join(format!("systemd/silt-{role}.service")));
         assert!(exec.starts_with(&format!("/usr/local/bin/silt {role} ")), "{role}: {exec}");
@@ -1067,5 +1065,4 @@ fn terraform_systemd_units_use_flags_silt_has_and_variables_their_env_files_set(
             );
         }
     }
-    eprint!("{report}");
 }
