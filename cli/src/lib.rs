@@ -12,6 +12,7 @@ pub mod archive;
 pub mod bucket;
 pub mod client;
 pub mod cluster;
+pub mod compactor;
 pub mod data_dir;
 pub mod dev;
 pub mod metadata;

@@ -142,6 +142,35 @@ enum Cmd {
         #[arg(long)]
         no_compactor: bool,
     },
+    /// Run the compactor in its own process, for a cluster of `silt agent`s.
+    ///
+    /// It archives every sealed segment: reads it from the agent that writes its partition,
+    /// writes a Parquet object to the bucket, verifies it and commits it in metadata; it also
+    /// enforces retention.ms. It keeps no state: run it anywhere that reaches the metadata
+    /// nodes, the agents and the bucket, and start the agents with --no-compactor (agents
+    /// archive the segments they hold themselves otherwise). Serves /metrics and /health on
+    /// --listen. SIGINT or SIGTERM finishes the uploads in flight and exits.
+    ///
+    /// Example:
+    ///   silt compactor --metadata 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 --object-store s3://silt-archive/prod
+    #[command(verbatim_doc_comment)]
+    Compactor {
+        /// Metadata nodes as HOST:PORT, comma separated; any node of the cluster will do.
+        #[arg(long, env = "SILT_METADATA", value_delimiter = ',', required = true)]
+        metadata: Vec<String>,
+        /// The bucket the agents share: s3://bucket/prefix (standard AWS_* variables) or file:///path.
+        #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
+        object_store: String,
+        /// Address to serve /metrics and /health on.
+        #[arg(long, default_value = "127.0.0.1:7301")]
+        listen: SocketAddr,
+        /// Segments archived at the same time.
+        #[arg(long, default_value_t = 2)]
+        concurrency: usize,
+        /// Bytes of segments being archived at once (records in memory plus the encoded object).
+        #[arg(long, default_value_t = 512 * 1024 * 1024)]
+        memory_bytes: u64,
+    },
     /// Inspect and change the metadata cluster (`silt metadata` nodes).
     Cluster {
         #[command(subcommand)]
@@ -404,6 +433,16 @@ async fn run(cli: Cli) -> Result<()> {
                 cache_disk_bytes,
                 lease,
                 compactor: !no_compactor,
+            })
+            .await
+        }
+        Cmd::Compactor { metadata, object_store, listen, concurrency, memory_bytes } => {
+            silt::compactor::run(silt::compactor::CompactorProcessConfig {
+                metadata,
+                object_store,
+                listen,
+                concurrency,
+                memory_bytes,
             })
             .await
         }

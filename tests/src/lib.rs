@@ -46,6 +46,8 @@ where
 pub struct SiltDev {
     /// `["dev"]`, or `["agent", "--id", ...]`: the arguments before `--listen`.
     command: Vec<String>,
+    /// Whether the command takes `--data-dir` (`silt compactor` does not).
+    has_data_dir: bool,
     child: Option<Child>,
     data_dir: PathBuf,
     url: String,
@@ -74,6 +76,8 @@ pub struct AgentOptions {
     pub object_store: String,
     /// `--lease`, e.g. "2s".
     pub lease: String,
+    /// More arguments (`--no-compactor`).
+    pub extra: Vec<String>,
 }
 
 impl SiltDev {
@@ -88,6 +92,7 @@ impl SiltDev {
         let data_dir = tmp.path().join("data");
         let mut dev = SiltDev {
             command: vec!["dev".into()],
+            has_data_dir: true,
             child: None,
             data_dir,
             url: String::new(),
@@ -111,12 +116,40 @@ impl SiltDev {
                 agent.metadata.join(","),
                 "--lease".into(),
                 agent.lease.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(agent.extra.iter().cloned())
+            .collect(),
+            has_data_dir: true,
             child: None,
             data_dir: tmp.path().join("data"),
             url: String::new(),
             log: tmp.path().join("silt.log"),
             options: DevOptions { object_store: Some(agent.object_store.clone()), env: Vec::new() },
+            _tmp: Some(tmp),
+        };
+        dev.spawn();
+        dev
+    }
+
+    /// Starts `silt compactor` against a metadata cluster and a bucket; its `url()` serves
+    /// `/metrics`.
+    pub fn start_compactor(metadata: &[String], object_store: &str) -> SiltDev {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut dev = SiltDev {
+            command: vec![
+                "compactor".into(),
+                "--metadata".into(),
+                metadata.join(","),
+                "--object-store".into(),
+                object_store.into(),
+            ],
+            has_data_dir: false,
+            child: None,
+            data_dir: tmp.path().join("data"),
+            url: String::new(),
+            log: tmp.path().join("silt.log"),
+            options: DevOptions::default(),
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -131,7 +164,10 @@ impl SiltDev {
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
         let mut cmd = Command::new(silt_bin());
-        cmd.args(&self.command).args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(&self.data_dir);
+        cmd.args(&self.command).args(["--listen", "127.0.0.1:0"]);
+        if self.has_data_dir {
+            cmd.arg("--data-dir").arg(&self.data_dir);
+        }
         if let Some(url) = &self.options.object_store {
             cmd.args(["--object-store", url]);
         }

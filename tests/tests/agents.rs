@@ -23,6 +23,7 @@ fn agent(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str) -> Sil
         metadata: cluster.addrs(),
         object_store: objects.into(),
         lease: lease.into(),
+        extra: Vec::new(),
     })
 }
 
@@ -413,4 +414,106 @@ async fn an_agent_restarted_with_an_empty_data_dir_rejoins_serves_the_archive_an
     let s = state(&cluster).await.expect("state");
     assert_eq!(s.agents["a1"].incarnation, 2);
     assert_eq!(writer_of(&s, "logs", 0).0.as_deref(), Some("a1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compactor_process_archives_what_the_agents_write() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let start = |id: &str| {
+        SiltDev::start_agent(&AgentOptions {
+            id: id.into(),
+            metadata: cluster.addrs(),
+            object_store: objects.clone(),
+            lease: "5s".into(),
+            extra: vec!["--no-compactor".into()],
+        })
+    };
+    let (a1, a2) = (start("a1"), start("a2"));
+    let config = BTreeMap::from([("segment.ms".to_string(), "200".to_string())]);
+    a1.client().create_topic("clicks", 2, &config).await.expect("create topic");
+    let mut produced: BTreeMap<String, String> = BTreeMap::new();
+    for client in [a1.client(), a2.client()] {
+        let batch = messages(None, "click", 150);
+        for (id, m) in client.produce("clicks", &batch).await.expect("produce").into_iter().zip(&batch) {
+            produced.insert(id, m.value.clone().expect("value"));
+        }
+    }
+    let ends: Vec<u64> =
+        (0..2).map(|p| produced.keys().filter(|id| offset_of(id).0 == p).count() as u64).collect();
+    assert!(ends.iter().all(|n| *n > 0), "{ends:?}");
+
+    // Sealed segments stay unarchived without a compactor...
+    wait_for("segments sealed on age", Duration::from_secs(20), || async {
+        let s = state(&cluster).await?;
+        let parts = &s.topics["clicks"].partitions;
+        parts
+            .iter()
+            .zip(&ends)
+            .all(|(p, end)| p.segments.values().any(|seg| seg.last_offset == Some(end - 1)))
+            .then_some(())
+    })
+    .await;
+    let s = state(&cluster).await.expect("state");
+    assert!(s.topics["clicks"]
+        .partitions
+        .iter()
+        .all(|p| p.segments.values().all(|seg| seg.object_key.is_none())));
+
+    // ... until one runs: it reads them from their agents, archives and commits them.
+    let compactor = SiltDev::start_compactor(&cluster.addrs(), &objects);
+    wait_for("every produced offset archived", Duration::from_secs(30), || async {
+        let s = state(&cluster).await?;
+        let parts = &s.topics["clicks"].partitions;
+        parts
+            .iter()
+            .zip(&ends)
+            .all(|(p, end)| {
+                p.segments
+                    .values()
+                    .filter(|seg| seg.object_key.is_some())
+                    .filter_map(|seg| seg.last_offset)
+                    .max()
+                    == Some(end - 1)
+            })
+            .then_some(())
+    })
+    .await;
+    let metrics = reqwest::get(format!("{}/metrics", compactor.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let archived: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("silt_compactor_records_archived_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no records_archived in\n{metrics}"));
+    assert_eq!(archived as usize, produced.len());
+    // The objects are in the shared bucket, and both agents read them back identically.
+    let files = walk(&tmp.path().join("objects"));
+    assert!(files.iter().filter(|f| f.ends_with(".parquet")).count() >= 2, "{files:?}");
+    for p in 0..2 {
+        let via1 = read_all(&a1.client(), "clicks", p).await;
+        assert_eq!(via1, read_all(&a2.client(), "clicks", p).await);
+        for (id, value) in produced.iter().filter(|(id, _)| offset_of(id).0 == p) {
+            assert_eq!(via1[offset_of(id).1 as usize].1, *value, "{id}");
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path.display().to_string());
+        }
+    }
+    out
 }
