@@ -204,6 +204,8 @@ struct Inner {
     appended: Notify,
     spread: AtomicU32,
     cancel: CancellationToken,
+    /// Cancelled when the agent stops serving clients: waiting polls return at once.
+    draining: CancellationToken,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Reads archived segments; `None` when no object store is configured.
     cold: Option<Arc<ColdReader>>,
@@ -256,6 +258,7 @@ impl Agent {
                 heartbeats: Mutex::new(HashMap::new()),
                 appended: Notify::new(),
                 spread: AtomicU32::new(0),
+                draining: cancel.child_token(),
                 cancel,
                 tasks: Mutex::new(Vec::new()),
                 cold,
@@ -401,6 +404,30 @@ impl Agent {
     /// The metadata service.
     pub fn metadata(&self) -> &Metadata {
         &self.inner.metadata
+    }
+
+    /// Stops serving clients: polls that wait return now. Writers keep running until
+    /// [`Agent::shutdown`].
+    pub fn stop_serving(&self) {
+        self.inner.draining.cancel();
+    }
+
+    /// Seals the active segment of every partition this agent writes that holds records, so
+    /// that all of it can be archived before the agent stops.
+    pub async fn roll_all(&self) {
+        let handles: Vec<((String, u32), PartitionHandle)> = self
+            .inner
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, r)| (k.clone(), r.handle.clone()))
+            .collect();
+        for ((topic, partition), handle) in handles {
+            if let Err(e) = handle.roll().await {
+                warn!(topic, partition, error = %e, "sealing the active segment before stopping failed");
+            }
+        }
     }
 
     /// Stops the writers after they drained, checkpoints acks a last time and leaves the
@@ -1034,7 +1061,7 @@ impl Agent {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(wake.into()) => {}
-                _ = self.inner.cancel.cancelled() => return Ok(Vec::new()),
+                _ = self.inner.draining.cancelled() => return Ok(Vec::new()),
             }
         }
     }

@@ -182,6 +182,20 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Deletes every segment and starts an empty log at `base`. Only for a log whose records
+    /// all live elsewhere (archived): the caller checks that.
+    pub fn reset_at(&mut self, base: u64) -> Result<(), StoreError> {
+        let fresh = Segment::create(&self.dir, base)?;
+        for old in std::mem::replace(&mut self.segments, vec![fresh]) {
+            if old.base_offset() != base {
+                old.delete_files()?;
+            }
+        }
+        sync_dir(&self.dir)?;
+        self.publish();
+        Ok(())
+    }
+
     /// Sealed segments and the active one, oldest first.
     pub fn segments(&self) -> &[Segment] {
         &self.segments

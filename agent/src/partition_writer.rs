@@ -57,6 +57,7 @@ struct AppendRequest {
 #[derive(Debug, Clone)]
 pub struct PartitionHandle {
     tx: mpsc::Sender<AppendRequest>,
+    control: mpsc::Sender<oneshot::Sender<()>>,
     queued_bytes: Arc<Semaphore>,
     reader: Arc<PartitionReader>,
     epoch: u64,
@@ -79,6 +80,15 @@ impl PartitionHandle {
         let (reply, rx) = oneshot::channel();
         self.tx.send(AppendRequest { batch, reply, permit }).await.map_err(|_| StoreError::ShuttingDown)?;
         rx.await.map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// Seals the active segment now if it holds records (and opens the next one), so that
+    /// everything written so far can be archived. Returns once that is recorded in metadata (or
+    /// has failed: the writer logs why and retries on its next tick).
+    pub async fn roll(&self) -> Result<(), StoreError> {
+        let (done, rx) = oneshot::channel();
+        self.control.send(done).await.map_err(|_| StoreError::ShuttingDown)?;
+        rx.await.map_err(|_| StoreError::ShuttingDown)
     }
 
     /// The read half of the log.
@@ -114,6 +124,19 @@ struct SealedSummary {
     next_base: u64,
 }
 
+impl SealedSummary {
+    fn of(s: &crate::segment::Segment) -> Self {
+        SealedSummary {
+            base_offset: s.base_offset(),
+            record_count: s.next_offset() - s.base_offset(),
+            size_bytes: s.size_bytes(),
+            min_timestamp_ms: s.min_timestamp_ms(),
+            max_timestamp_ms: s.max_timestamp_ms(),
+            next_base: s.next_offset(),
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -141,10 +164,16 @@ pub async fn start(
     };
     writer.reconcile().await?;
     let (tx, rx) = mpsc::channel(GROUP_APPENDS_MAX);
-    let handle =
-        PartitionHandle { tx, queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)), reader, epoch };
+    let (control, control_rx) = mpsc::channel(4);
+    let handle = PartitionHandle {
+        tx,
+        control,
+        queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)),
+        reader,
+        epoch,
+    };
     let span = info_span!("partition_writer", topic = %writer.config.topic, partition = writer.config.partition, epoch);
-    let task = tokio::spawn(writer.run(rx, cancel).instrument(span));
+    let task = tokio::spawn(writer.run(rx, control_rx, cancel).instrument(span));
     Ok((handle, task))
 }
 
@@ -173,17 +202,12 @@ impl PartitionWriter {
             // Only a member of the open segment's ensemble holds a replica of it: any other
             // local segment at that offset (a fresh empty log starts at 0) is not one.
             let member = open.ensemble.contains(&self.config.agent_id);
-            let local =
-                self.log().segments().iter().find(|s| member && s.base_offset() == open.base_offset).map(
-                    |s| SealedSummary {
-                        base_offset: s.base_offset(),
-                        record_count: s.next_offset() - s.base_offset(),
-                        size_bytes: s.size_bytes(),
-                        min_timestamp_ms: s.min_timestamp_ms(),
-                        max_timestamp_ms: s.max_timestamp_ms(),
-                        next_base: s.next_offset(),
-                    },
-                );
+            let local = self
+                .log()
+                .segments()
+                .iter()
+                .find(|s| member && s.base_offset() == open.base_offset)
+                .map(SealedSummary::of);
             if !member {
                 // The open segment's records are on other agents' disks: sealing it here would
                 // drop acknowledged messages. Wait until one of them writes it again (metadata
@@ -223,6 +247,15 @@ impl PartitionWriter {
             // are archived or on other replicas; this log starts where the next segment does.
             info!(from = local_next, to = next_base, "starting an empty local log at the partition's end");
             self.on_log("reset", move |log| log.restart_empty_at(next_base)).await?;
+        } else if local_next < next_base && self.local_log_is_archived(&topic, partition).await? {
+            // Other agents wrote the partition since this one did, and everything this log
+            // holds is in the bucket: it is only a cache, so start afresh at the end.
+            info!(
+                from = local_next,
+                to = next_base,
+                "local log is archived; starting afresh at the partition's end"
+            );
+            self.on_log("reset", move |log| log.reset_at(next_base)).await?;
         }
         let local_next = self.log().next_offset();
         if local_next != next_base {
@@ -235,6 +268,37 @@ impl PartitionWriter {
         }
         self.metadata.write(self.open_command()).await?;
         Ok(())
+    }
+
+    /// Whether every record of the local log is in an archived segment (or was deleted by
+    /// retention), by a linearizable read of metadata.
+    async fn local_log_is_archived(&self, topic: &str, partition: u32) -> Result<bool, StoreError> {
+        let ranges: Vec<(u64, u64)> = self
+            .log()
+            .segments()
+            .iter()
+            .filter(|s| s.record_count() > 0)
+            .map(|s| (s.base_offset(), s.next_offset() - 1))
+            .collect();
+        let topic = topic.to_string();
+        let covered = self
+            .metadata
+            .read(move |s| {
+                let Some(p) = s.topics.get(&topic).and_then(|t| t.partitions.get(partition as usize)) else {
+                    return false;
+                };
+                let start = p.segments.keys().next().copied().unwrap_or(0);
+                ranges.iter().all(|&(first, last)| {
+                    last < start
+                        || p.segments.values().any(|seg| {
+                            seg.state == silt_metadata::state::SegmentState::Archived
+                                && seg.base_offset <= first
+                                && seg.last_offset.is_some_and(|l| l >= last)
+                        })
+                })
+            })
+            .await?;
+        Ok(covered)
     }
 
     fn seal_command(&self, s: &SealedSummary) -> Command {
@@ -262,7 +326,12 @@ impl PartitionWriter {
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<AppendRequest>, cancel: CancellationToken) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<AppendRequest>,
+        mut control: mpsc::Receiver<oneshot::Sender<()>>,
+        cancel: CancellationToken,
+    ) {
         let tick_ms = (self.config.segment_ms / 4).clamp(25, 1000);
         let mut tick = tokio::time::interval(Duration::from_millis(tick_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -276,6 +345,13 @@ impl PartitionWriter {
                 },
                 _ = tick.tick() => {
                     self.roll_if_old().await;
+                    continue;
+                }
+                Some(done) = control.recv() => {
+                    if self.failed.is_none() && self.log().active().record_count() > 0 {
+                        self.roll().await;
+                    }
+                    let _ = done.send(());
                     continue;
                 }
             };
@@ -301,6 +377,7 @@ impl PartitionWriter {
         if !rest.is_empty() {
             self.process(rest).await;
         }
+        self.close().await;
         info!("partition writer stopped");
     }
 
@@ -361,6 +438,36 @@ impl PartitionWriter {
                         let _ = reply.send(Err(StoreError::Failed(e.to_string())));
                     }
                 }
+            }
+        }
+    }
+
+    /// On a clean stop, leaves no open segment of this agent in metadata: an empty one is
+    /// removed, one with records is sealed on disk and in metadata. The next writer, here or
+    /// on another agent, then starts at the partition's end without recovering anything.
+    async fn close(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.finish_pending_roll().await {
+            warn!(error = %e, "recording a segment roll in metadata failed at stop; the next writer reconciles it");
+            return;
+        }
+        let summary = SealedSummary::of(self.log().active());
+        if summary.record_count > 0 {
+            if let Err(e) = self.on_log("seal", |log| log.seal_active_on_disk()).await {
+                error!(error = %e, "sealing the active segment at stop failed");
+                return;
+            }
+        }
+        match self.metadata.write(self.seal_command(&summary)).await {
+            Ok(_) => info!(
+                base_offset = summary.base_offset,
+                records = summary.record_count,
+                "open segment closed at stop"
+            ),
+            Err(e) => {
+                warn!(error = %e, "closing the open segment in metadata failed; the next writer reconciles it")
             }
         }
     }
@@ -454,15 +561,7 @@ impl PartitionWriter {
 
     /// Seals the active segment on disk and records the seal and the new segment in metadata.
     async fn roll(&mut self) {
-        let s = self.log().active();
-        let summary = SealedSummary {
-            base_offset: s.base_offset(),
-            record_count: s.next_offset() - s.base_offset(),
-            size_bytes: s.size_bytes(),
-            min_timestamp_ms: s.min_timestamp_ms(),
-            max_timestamp_ms: s.max_timestamp_ms(),
-            next_base: s.next_offset(),
-        };
+        let summary = SealedSummary::of(self.log().active());
         match self.on_log("roll", |log| log.roll()).await {
             Ok(()) => {
                 self.first_append_at = None;

@@ -91,6 +91,9 @@ pub async fn run(config: DevConfig) -> Result<()> {
     served
 }
 
+/// Longest a stopping agent spends archiving what it wrote (systemd's stop timeout is 120 s).
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// Which sealed segments the compactor of an agent process archives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompactorScope {
@@ -169,8 +172,8 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     .context("cannot start the agent")?;
 
     let compactor_metrics = Arc::new(CompactorMetrics::new());
-    let compactor_task = (config.compactor != CompactorScope::Off).then(|| {
-        let compactor = Compactor::new(
+    let compactor = (config.compactor != CompactorScope::Off).then(|| {
+        Compactor::new(
             CompactorConfig {
                 holder: (config.compactor == CompactorScope::Held).then(|| config.agent_id.clone()),
                 ..CompactorConfig::default()
@@ -180,9 +183,11 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
             archive.prefix.clone(),
             Arc::new(LocalAgent(agent.clone())),
             Arc::clone(&compactor_metrics),
-        );
-        tokio::spawn(compactor.run(cancel.child_token()))
+        )
     });
+    // The API stops first, then the compactor's loop, then (after the drain) the agent.
+    let stop_compactor = CancellationToken::new();
+    let compactor_task = compactor.clone().map(|c| tokio::spawn(c.run(stop_compactor.clone())));
     {
         let compactor_metrics = Arc::clone(&compactor_metrics);
         metrics.add_source(move || compactor_metrics.encode());
@@ -199,9 +204,11 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         config.data_dir.display()
     );
     info!(%addr, archive = %url, agent = %config.agent_id, "serving");
-    let stop = cancel.clone();
+    let stop = stop_compactor.clone();
+    let serving = agent.clone();
     let server = silt_agent::api::serve(config.listener, agent.clone(), async move {
         shutdown_signal().await;
+        serving.stop_serving();
         stop.cancel();
     });
     server.await.context("API server failed")?;
@@ -209,6 +216,18 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     if let Some(task) = compactor_task {
         if let Err(e) = task.await {
             warn!(error = %e, "the compactor task failed");
+        }
+    }
+    if let Some(compactor) = compactor.filter(|_| config.compactor == CompactorScope::Held) {
+        // An agent of a cluster hands over only archived data: it seals what it wrote and
+        // archives it, so that its partitions' next writers need nothing from its disk.
+        agent.roll_all().await;
+        let left = compactor.drain(DRAIN_TIMEOUT).await;
+        if left > 0 {
+            warn!(
+                segments = left,
+                "stopping with sealed segments not archived yet; they stay on this agent's disk"
+            );
         }
     }
     agent.shutdown().await;

@@ -125,6 +125,24 @@ impl Compactor {
         info!("compactor stopped");
     }
 
+    /// Archives until no sealed segment in scope is left or `timeout` passed (an agent that is
+    /// stopping hands over only archived data). Returns how many are left.
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = self.candidates().len();
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                return left;
+            }
+            if self.run_once().await == 0 {
+                tokio::time::sleep_until(
+                    deadline.min(tokio::time::Instant::now() + Duration::from_millis(200)),
+                )
+                .await;
+            }
+        }
+    }
+
     /// One round: archive every sealed segment, then apply retention. Returns how many segments
     /// were archived.
     pub async fn run_once(&self) -> usize {

@@ -47,12 +47,15 @@ pub struct AgentInfo {
     pub registered_ms: u64,
     /// The last heartbeat (or registration).
     pub last_heartbeat_ms: u64,
+    /// It deregistered: its lease ended then, whatever `lease_ms` says.
+    #[serde(default)]
+    pub left: bool,
 }
 
 impl AgentInfo {
     /// Whether the lease still holds at `now_ms`.
     pub fn is_live(&self, now_ms: u64) -> bool {
-        now_ms <= self.last_heartbeat_ms.saturating_add(self.lease_ms)
+        !self.left && now_ms <= self.last_heartbeat_ms.saturating_add(self.lease_ms)
     }
 }
 
@@ -102,6 +105,7 @@ impl MetadataState {
                 lease_ms,
                 registered_ms: now,
                 last_heartbeat_ms: now,
+                left: false,
             },
         );
         for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
@@ -148,7 +152,12 @@ impl MetadataState {
     ) -> Result<Response, MetadataError> {
         self.check_incarnation(agent, incarnation)?;
         self.advance_clock(now_ms);
-        self.agents.remove(agent);
+        let now = self.clock_ms;
+        if let Some(a) = self.agents.get_mut(agent) {
+            // It stays listed (and keeps counting incarnations) until forgotten.
+            a.left = true;
+            a.last_heartbeat_ms = now;
+        }
         self.assign_writers();
         Ok(Response::Ok)
     }
@@ -364,7 +373,8 @@ mod tests {
             Response::Ok
         );
         assert_eq!(writers(&s, "t"), vec![(Some("b".into()), 2)]);
-        assert!(!s.agents.contains_key("a"));
+        assert_eq!(s.live_agents().map(|a| a.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(register(&mut s, "a", 3), a + 1, "incarnations keep counting");
     }
 
     #[test]

@@ -364,7 +364,7 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
-    /// An agent leaves on purpose: its partitions get new writers at once.
+    /// An agent leaves on purpose: its lease ends now, so its partitions get new writers at once.
     DeregisterAgent {
         /// Agent id.
         agent: String,

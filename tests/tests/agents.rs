@@ -517,3 +517,60 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_continues() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let mut a1 = agent("a1", &cluster, &objects, "5s");
+    let mut a2 = agent("a2", &cluster, &objects, "5s");
+    a2.client().create_topic("orders", 1, &BTreeMap::new()).await.expect("create topic");
+    let s = state(&cluster).await.expect("state");
+    assert_eq!(writer_of(&s, "orders", 0).0.as_deref(), Some("a1"));
+    let first = a2.client().produce("orders", &messages(Some(0), "first", 50)).await.expect("produce via a2");
+    assert_eq!(first.last().map(|id| offset_of(id).1), Some(49));
+
+    // SIGTERM: a1 seals and archives what it wrote, then leaves; a2 takes over at once.
+    a1.stop();
+    let s = state(&cluster).await.expect("state");
+    let (writer, _) = writer_of(&s, "orders", 0);
+    assert_eq!(
+        writer.as_deref(),
+        Some("a2"),
+        "a deregistered agent's partitions move without waiting for its lease"
+    );
+    let p = &s.topics["orders"].partitions[0];
+    assert!(p.segments.values().any(|seg| seg.object_key.is_some() && seg.last_offset == Some(49)), "{p:?}");
+    assert!(p.open_segment().is_none_or(|o| o.ensemble != ["a1"]), "no open segment left on a1: {p:?}");
+    let c2 = a2.client();
+    let second = wait_for("produce through a2 after a1 stopped", Duration::from_secs(10), || async {
+        c2.produce("orders", &messages(Some(0), "second", 20)).await.ok()
+    })
+    .await;
+    assert_eq!(second.first().map(|id| offset_of(id).1), Some(50));
+
+    // a1 comes back with its (archived) local copy; then a2 stops: a1 writes on after a2's
+    // records although its own log ends before them.
+    a1.restart();
+    wait_for("a1 registered again", Duration::from_secs(10), || async {
+        let s = state(&cluster).await?;
+        s.agents.get("a1").filter(|a| a.incarnation == 2).map(|_| ())
+    })
+    .await;
+    a2.stop();
+    let c1 = a1.client();
+    let third = wait_for("produce through a1 after a2 stopped", Duration::from_secs(10), || async {
+        c1.produce("orders", &messages(Some(0), "third", 10)).await.ok()
+    })
+    .await;
+    assert_eq!(third.first().map(|id| offset_of(id).1), Some(70));
+    let values: Vec<String> = read_all(&c1, "orders", 0).await.into_iter().map(|r| r.1).collect();
+    let expected: Vec<String> = (0..50)
+        .map(|i| format!("first-{i}"))
+        .chain((0..20).map(|i| format!("second-{i}")))
+        .chain((0..10).map(|i| format!("third-{i}")))
+        .collect();
+    assert_eq!(values, expected);
+}
