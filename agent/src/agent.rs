@@ -489,14 +489,7 @@ impl Agent {
     /// reconciling it with metadata on first use. A partition another agent writes is a
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
-        let mut t = self.topic(topic).await?;
-        if t.partitions
-            .get(partition as usize)
-            .is_some_and(|p| p.writer.as_deref() != Some(self.inner.config.agent_id.as_str()))
-        {
-            // The local copy may lag behind a writer change: check with a linearizable read.
-            t = self.inner.metadata.read(|s| s.topic(topic).cloned()).await??;
-        }
+        let t = self.topic(topic).await?;
         let Some(meta) = t.partitions.get(partition as usize) else {
             return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
         };
@@ -567,7 +560,13 @@ impl Agent {
     async fn target(&self, topic: &str, partition: u32, forwarded: bool) -> Result<Target, ApiError> {
         match self.partition(topic, partition).await {
             Ok(handle) => Ok(Target::Local(handle)),
-            Err(e) if e.code == "not_writer" && !forwarded => {
+            Err(e) if e.code == "not_writer" && forwarded => {
+                // The sender's metadata says this agent writes the partition; this agent's copy
+                // may lag behind it. Catch up once, then answer for certain.
+                self.inner.metadata.read(|_| ()).await?;
+                self.partition(topic, partition).await.map(Target::Local)
+            }
+            Err(e) if e.code == "not_writer" => {
                 let remote = self.inner.metadata.read_local(|s| {
                     let writer = s.topics.get(topic)?.partitions.get(partition as usize)?.writer.clone()?;
                     let addr = s.agents.get(&writer)?.addr.clone();

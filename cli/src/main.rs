@@ -17,7 +17,7 @@ use tokio::io::AsyncBufReadExt;
     name = "silt",
     version,
     about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage",
-    long_about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage.\n\nStart everything in one process with `silt dev`, then use the client commands against it.\nClient commands talk to --server (or $SILT_SERVER, default http://127.0.0.1:7070).\nA metadata cluster runs as `silt metadata` processes; `silt cluster` inspects and changes it\n(--metadata or $SILT_METADATA)."
+    long_about = "Silt: a message queue whose hot tail lives on agent disks and whose history lives in object storage.\n\nStart everything in one process with `silt dev`, then use the client commands against it.\nClient commands talk to --server (or $SILT_SERVER, default http://127.0.0.1:7070).\nA cluster runs as `silt metadata` processes (three or five), `silt agent` processes and a\n`silt compactor`; `silt cluster` inspects and changes it (--metadata or $SILT_METADATA)."
 )]
 struct Cli {
     #[command(subcommand)]
