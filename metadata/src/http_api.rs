@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `POST /metadata/write` with a [`Command`](crate::Command) | 200 with the [`Response`](crate::Response) applying it produced (a refused command is `{"type":"error",...}`: it was committed and changed nothing) |
 //! | `GET /metadata/state` | 200 with a [`StateReply`]: a linearizable read of the whole state |
+//! | `GET /metadata/state?after=N` | 200 with a [`StateDelta`]: the same read, but the state only if something was applied after index `N` |
 //! | `GET /metadata/status` | 200 with this node's [`NodeStatus`](crate::NodeStatus) |
 //! | `POST /metadata/members` with a [`MembersRequest`] | 200 with the leader's [`NodeStatus`](crate::NodeStatus) after the change |
 //!
@@ -48,6 +49,19 @@ pub struct StateReply {
     pub applied_index: Option<u64>,
     /// The whole metadata state.
     pub state: MetadataState,
+}
+
+/// The answer to `GET /metadata/state?after=N`: the whole state only if it changed since the
+/// caller's copy at applied index `N`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDelta {
+    /// The node that served the read (the leader).
+    pub node_id: NodeId,
+    /// The applied index the answer is current at.
+    pub applied_index: Option<u64>,
+    /// The whole state, or `None` when nothing was applied after `N` (the caller's copy is
+    /// current).
+    pub state: Option<MetadataState>,
 }
 
 /// The body of `POST /metadata/members`: exactly one of the two.

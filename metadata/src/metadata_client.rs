@@ -23,8 +23,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::http_api::{
-    ErrorBody, MembersRequest, Outcome, StateReply, LEADER_HEADER, MEMBERS_PATH, STATE_PATH, STATUS_PATH,
-    TIMEOUT_HEADER, WRITE_PATH,
+    ErrorBody, MembersRequest, Outcome, StateDelta, StateReply, LEADER_HEADER, MEMBERS_PATH, STATE_PATH,
+    STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
 use crate::http_network::{base_url, root_cause};
 use crate::node_status::{Member, NodeStatus};
@@ -137,6 +137,13 @@ impl MetadataClient {
     /// call.
     pub async fn read_state(&self) -> Result<StateReply, MetadataError> {
         self.call::<(), _>(Method::GET, STATE_PATH, None, self.inner.options.timeout, Retry::Always).await
+    }
+
+    /// Like [`read_state`](Self::read_state), but the state comes only if something was applied
+    /// after index `after` (the caller's copy is current otherwise).
+    pub async fn read_state_after(&self, after: u64) -> Result<StateDelta, MetadataError> {
+        let path = format!("{STATE_PATH}?after={after}");
+        self.call::<(), _>(Method::GET, &path, None, self.inner.options.timeout, Retry::Always).await
     }
 
     /// The status of the first node that answers (the leader, if known).

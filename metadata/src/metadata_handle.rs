@@ -5,7 +5,9 @@
 //! linearizable read, for decisions) and `read_local` (this process's latest copy, for hot
 //! paths that tolerate a slightly stale view). For a remote cluster the local copy is the
 //! whole state, refreshed by a background task every [`REFRESH_INTERVAL`] and right after each
-//! write, so a write is followed by a local view that includes it.
+//! write, so a write is followed by a local view that includes it. A refresh asks for the state
+//! only if something was applied since the copy's index, so an idle cluster costs a small
+//! answer per refresh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -82,7 +84,8 @@ pub struct RemoteMetadata {
 
 struct RemoteInner {
     client: MetadataClient,
-    state: RwLock<Arc<MetadataState>>,
+    /// The copy, and the applied index it is current at.
+    state: RwLock<(Arc<MetadataState>, Option<u64>)>,
     /// Bumped by every caller that needs a refresh that starts after it asked.
     requested: AtomicU64,
     /// The highest request number a finished refresh covers.
@@ -99,7 +102,7 @@ impl RemoteMetadata {
         let remote = RemoteMetadata {
             inner: Arc::new(RemoteInner {
                 client,
-                state: RwLock::new(Arc::new(first.state)),
+                state: RwLock::new((Arc::new(first.state), first.applied_index)),
                 requested: AtomicU64::new(0),
                 completed: watch::Sender::new(0),
                 wake: Notify::new(),
@@ -117,7 +120,7 @@ impl RemoteMetadata {
     }
 
     fn snapshot(&self) -> Arc<MetadataState> {
-        Arc::clone(&self.inner.state.read().unwrap_or_else(|e| e.into_inner()))
+        Arc::clone(&self.inner.state.read().unwrap_or_else(|e| e.into_inner()).0)
     }
 
     async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
@@ -135,15 +138,36 @@ impl RemoteMetadata {
     /// A linearizable read of the whole state, which also refreshes the local copy.
     async fn refresh(&self) -> Result<Arc<MetadataState>, MetadataError> {
         let covers = self.inner.requested.load(Ordering::SeqCst);
-        let reply = self.inner.client.read_state().await?;
-        let state = Arc::new(reply.state);
-        *self.inner.state.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&state);
+        let known = self.inner.state.read().unwrap_or_else(|e| e.into_inner()).1;
+        let state = match known {
+            Some(index) => {
+                let delta = self.inner.client.read_state_after(index).await?;
+                match delta.state {
+                    Some(state) => self.replace(state, delta.applied_index),
+                    None => self.snapshot(),
+                }
+            }
+            None => {
+                let reply = self.inner.client.read_state().await?;
+                self.replace(reply.state, reply.applied_index)
+            }
+        };
         self.inner.completed.send_if_modified(|c| {
             let newer = covers > *c;
             *c = (*c).max(covers);
             newer
         });
         Ok(state)
+    }
+
+    fn replace(&self, state: MetadataState, applied_index: Option<u64>) -> Arc<MetadataState> {
+        let state = Arc::new(state);
+        let mut copy = self.inner.state.write().unwrap_or_else(|e| e.into_inner());
+        // Answers may arrive out of order (a read and the refresher): keep the newer one.
+        if applied_index >= copy.1 {
+            *copy = (Arc::clone(&state), applied_index);
+        }
+        Arc::clone(&copy.0)
     }
 
     async fn run_refresher(&self) {

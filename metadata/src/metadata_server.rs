@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,9 +37,9 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::http_api::{
-    ErrorBody, ErrorDetail, MembersRequest, Outcome, StateReply, CODE_INVALID_ARGUMENT, CODE_INVALID_JSON,
-    CODE_UNAVAILABLE, FORWARDED_HEADER, LEADER_HEADER, MEMBERS_PATH, STATE_PATH, STATUS_PATH, TIMEOUT_HEADER,
-    WRITE_PATH,
+    ErrorBody, ErrorDetail, MembersRequest, Outcome, StateDelta, StateReply, CODE_INVALID_ARGUMENT,
+    CODE_INVALID_JSON, CODE_UNAVAILABLE, FORWARDED_HEADER, LEADER_HEADER, MEMBERS_PATH, STATE_PATH,
+    STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
 use crate::http_network::{base_url, root_cause, APPEND_PATH, SNAPSHOT_PATH, VOTE_PATH};
 use crate::metadata_node::{LeaderError, Route};
@@ -189,16 +189,33 @@ async fn write(State(s): Shared, headers: HeaderMap, body: Result<Json<Command>,
     }
 }
 
-async fn read_state(State(s): Shared, headers: HeaderMap) -> Response {
+/// `?after=N`: answer a [`StateDelta`] instead of the whole state.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateQuery {
+    after: Option<u64>,
+}
+
+async fn read_state(State(s): Shared, headers: HeaderMap, Query(query): Query<StateQuery>) -> Response {
     let Ok(_permit) = s.inflight.try_acquire() else { return s.busy() };
     let deadline = deadline(&headers, s.node.request_timeout());
     let forwarded = headers.contains_key(FORWARDED_HEADER);
+    let after = query.after;
+    let path = after.map_or_else(|| STATE_PATH.to_string(), |n| format!("{STATE_PATH}?after={n}"));
     let mut last: String;
     loop {
         match s.node.route() {
             Route::Local => match s.node.read_state(remaining(deadline)).await {
                 Ok((applied_index, state)) => {
-                    return s.ok(StateReply { node_id: s.node.node_id(), applied_index, state })
+                    let node_id = s.node.node_id();
+                    return match after {
+                        None => s.ok(StateReply { node_id, applied_index, state }),
+                        Some(n) => {
+                            let unchanged = applied_index.is_some_and(|i| i <= n);
+                            let state = (!unchanged).then_some(state);
+                            s.ok(StateDelta { node_id, applied_index, state })
+                        }
+                    };
                 }
                 Err(LeaderError::NotLeader) => {
                     last = format!("metadata node {} lost its leadership", s.node.node_id())
@@ -211,7 +228,7 @@ async fn read_state(State(s): Shared, headers: HeaderMap) -> Response {
             },
             Route::Forward(leader) if forwarded => return s.not_leader(&leader),
             Route::Forward(leader) => {
-                match s.forward::<()>(Method::GET, STATE_PATH, &leader, None, deadline).await {
+                match s.forward::<()>(Method::GET, &path, &leader, None, deadline).await {
                     Forwarded::Answer(status, body) => return passthrough(status, body),
                     Forwarded::NotApplied(message) | Forwarded::Lost(message) => last = message,
                 }

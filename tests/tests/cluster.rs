@@ -441,3 +441,36 @@ async fn cluster_cli_adds_and_removes_a_node() {
     let unreachable = status["unreachable"].as_array().unwrap();
     assert_eq!(unreachable.len(), 1, "node 3 was asked and is gone: {out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_copy_of_the_state_is_sent_only_when_it_changed() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let client = cluster.client();
+    let full = client.read_state().await.expect("read");
+    let index = full.applied_index.expect("an applied index");
+    // Through any node (followers pass it to the leader): nothing new, no state.
+    for id in 1..=3 {
+        let (status, body) = read_state_after(&cluster.node(id).url(), index).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["state"].is_null(), "node {id}: {body}");
+        assert_eq!(body["applied_index"], index);
+    }
+    let (status, body) = post_write(&cluster.node(2).url(), &create_topic("changed")).await;
+    assert_eq!(status, 200, "{body}");
+    let delta = client.read_state_after(index).await.expect("read after");
+    let state = delta.state.expect("the state changed");
+    assert!(state.topics.contains_key("changed"));
+    assert!(delta.applied_index > Some(index));
+    let (status, body) = read_state_after(&cluster.node(1).url(), u64::MAX).await;
+    assert_eq!((status, body["state"].is_null()), (200, true), "{body}");
+    let (status, body) = read_state_after(&cluster.node(1).url(), 0).await;
+    assert_eq!(status, 200);
+    assert!(body["state"]["topics"]["changed"].is_object(), "{body}");
+}
+
+async fn read_state_after(url: &str, after: u64) -> (u16, Value) {
+    let reply = http().get(format!("{url}/metadata/state?after={after}")).send().await.expect("read request");
+    let status = reply.status().as_u16();
+    (status, reply.json().await.expect("json body"))
+}
