@@ -21,7 +21,7 @@ use tracing::{error, info, warn};
 
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
-use crate::metrics::{LagLabels, Metrics};
+use crate::metrics::{ForwardLabels, LagLabels, Metrics};
 use crate::partition_log::PartitionLog;
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
 use crate::peer::{CollectRequest, Peers, WireRecord};
@@ -302,6 +302,7 @@ impl Agent {
             )));
         };
         self.inner.incarnation.store(incarnation, Ordering::SeqCst);
+        self.inner.metrics.registrations.inc();
         info!(agent = %config.agent_id, incarnation, addr = %config.advertise_addr, "registered with metadata");
         Ok(())
     }
@@ -363,6 +364,7 @@ impl Agent {
                 })
                 .collect()
         });
+        self.inner.metrics.partitions_written.set(wanted.len() as i64);
         let stale: Vec<(String, u32)> = self
             .inner
             .partitions
@@ -581,6 +583,10 @@ impl Agent {
         }
     }
 
+    fn count_forwarded(&self, kind: &'static str) {
+        self.inner.metrics.forwarded.get_or_create(&ForwardLabels { kind }).inc();
+    }
+
     fn not_writer(&self, topic: &str, partition: u32, writer: Option<&str>) -> ApiError {
         let Some(writer) = writer else {
             return ApiError::unavailable(format!(
@@ -770,13 +776,14 @@ impl Agent {
                     ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
                 })?;
                 let target = Arc::clone(&target);
-                let peers = &self.inner.peers;
+                let (peers, this) = (&self.inner.peers, self);
                 appends.push(async move {
                     let (count, len) = (batch.record_count(), batch.len_bytes());
                     let result = match &*target {
                         Target::Local(handle) => handle.append(batch).await.map_err(ApiError::from),
                         remote => {
                             let peer = remote.peer().unwrap_or_default();
+                            this.count_forwarded("append");
                             peers.append(peer, topic, partition, batch.into_bytes()).await
                         }
                     };
@@ -838,6 +845,7 @@ impl Agent {
             Target::Local(handle) => handle.append(batch).await?,
             remote => {
                 let peer = remote.peer().unwrap_or_default();
+                self.count_forwarded("append");
                 return self.inner.peers.append(peer, topic, partition, batch.into_bytes()).await;
             }
         };
@@ -864,6 +872,7 @@ impl Agent {
             Target::Local(handle) => Arc::clone(handle.reader()),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
+                self.count_forwarded("read");
                 let page = self.inner.peers.read(peer, topic, partition, offset, max_records).await?;
                 let records: Result<Vec<Record>, ApiError> =
                     page.records.into_iter().map(|r| r.into_delivered().map(|d| d.record)).collect();
@@ -1094,6 +1103,7 @@ impl Agent {
                 partitions: partitions.clone(),
                 max: left as u32,
             };
+            self.count_forwarded("collect");
             match self.inner.peers.collect((agent, addr), &req.topic, &ask).await {
                 Ok(got) => delivered.extend(got),
                 // What was delivered elsewhere already is returned; the rest of the member's
@@ -1377,6 +1387,7 @@ impl Agent {
         }
         let mut acked = self.ack_local(group, &local, false)?;
         for ((agent, addr), ids) in &remote {
+            self.count_forwarded("ack");
             acked += self.inner.peers.ack((agent, addr), group, ids, false).await?;
         }
         Ok(acked)

@@ -25,6 +25,13 @@ pub struct LagLabels {
     pub partition: u32,
 }
 
+/// Labels for requests passed on to other agents.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `append`, `read`, `collect` or `ack`.
+    pub kind: &'static str,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -46,6 +53,12 @@ pub struct Metrics {
     pub consumer_lag_records: Family<LagLabels, Gauge>,
     /// Messages moved to a dead-letter topic.
     pub dead_lettered: Family<TopicLabels, Counter>,
+    /// Requests passed on to the agent that writes the partition.
+    pub forwarded: Family<ForwardLabels, Counter>,
+    /// Partitions metadata names this agent writer of.
+    pub partitions_written: Gauge,
+    /// Registrations with metadata (the first, and one after every lapsed lease).
+    pub registrations: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -72,6 +85,20 @@ impl Metrics {
         let bytes_out = Family::<TopicLabels, Counter>::default();
         let consumer_lag_records = Family::<LagLabels, Gauge>::default();
         let dead_lettered = Family::<TopicLabels, Counter>::default();
+        let forwarded = Family::<ForwardLabels, Counter>::default();
+        let partitions_written = Gauge::default();
+        let registrations = Counter::default();
+        registry.register(
+            "forwarded",
+            "Requests passed on to the agent that writes the partition",
+            forwarded.clone(),
+        );
+        registry.register("partitions_written", "Partitions this agent writes", partitions_written.clone());
+        registry.register(
+            "registrations",
+            "Registrations with metadata: the first, and one after every lapsed lease",
+            registrations.clone(),
+        );
         registry.register(
             "produce_latency_seconds",
             "Produce request latency until acknowledged (after fsync)",
@@ -107,6 +134,9 @@ impl Metrics {
             bytes_out,
             consumer_lag_records,
             dead_lettered,
+            forwarded,
+            partitions_written,
+            registrations,
         }
     }
 

@@ -372,6 +372,21 @@ async fn any_agent_serves_produce_replay_poll_and_ack_for_every_partition() {
     assert_eq!(seen, produced);
     let idle = c1.poll("events", &Poll { timeout_ms: 300, ..poll }).await.expect("poll");
     assert!(idle.is_empty(), "acknowledged messages came back: {:?}", idle.first());
+
+    // Each agent counts what it passed on, and the partitions it writes.
+    let written: Vec<u64> = writers.iter().map(|w| if w == "a1" { 1 } else { 0 }).collect();
+    for (client, mine) in [(&c1, written.iter().sum::<u64>()), (&c2, 4 - written.iter().sum::<u64>())] {
+        let metrics = client.metrics().await.expect("metrics");
+        let value = |name: &str| -> f64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+                .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+        };
+        assert_eq!(value("silt_agent_partitions_written ") as u64, mine);
+        assert!(value("silt_agent_forwarded_total{kind=\"append\"} ") > 0.0);
+        assert_eq!(value("silt_agent_registrations_total ") as u64, 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
