@@ -95,6 +95,7 @@ pub fn router(node: MetadataNode) -> Result<Router, crate::MetadataError> {
         .route(STATE_PATH, get(read_state))
         .route(STATUS_PATH, get(status))
         .route(MEMBERS_PATH, post(members))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(API_BODY_BYTES_MAX));
     Ok(raft.merge(api).with_state(server))
 }
@@ -132,6 +133,51 @@ async fn raft_snapshot(
 
 async fn status(State(s): Shared) -> Response {
     Json(s.node.status().await).into_response()
+}
+
+/// `GET /metrics`: this node's Raft position and what its state machine holds, in the
+/// Prometheus/OpenMetrics text format.
+async fn metrics(State(s): Shared) -> Response {
+    let status = s.node.status().await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (topics, partitions, segments, groups, agents, live_agents) = s.node.read_local(|st| {
+        let partitions: usize = st.topics.values().map(|t| t.partitions.len()).sum();
+        let segments: usize =
+            st.topics.values().flat_map(|t| t.partitions.iter()).map(|p| p.segments.len()).sum();
+        let live = st.agents.values().filter(|a| a.is_live(now_ms.max(st.clock_ms))).count();
+        (st.topics.len(), partitions, segments, st.groups.len(), st.agents.len(), live)
+    });
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, value: Option<u64>| {
+        if let Some(v) = value {
+            out.push_str(&format!("# HELP silt_metadata_{name} {help}\n# TYPE silt_metadata_{name} gauge\nsilt_metadata_{name} {v}\n"));
+        }
+    };
+    gauge("is_leader", "1 on the leader", Some(u64::from(status.state == crate::NodeRole::Leader)));
+    gauge("term", "The Raft term this node is in", Some(status.current_term));
+    gauge("last_log_index", "Index of the last entry in this node's log", status.last_log_index);
+    gauge("last_applied_index", "Index of the last entry applied to the state machine", status.last_applied);
+    gauge("committed_index", "Index of the last entry known committed", status.committed);
+    gauge("snapshot_index", "Last index covered by the latest snapshot", status.snapshot_index);
+    gauge("purged_index", "Entries up to this index were deleted from the log", status.purged_index);
+    gauge("voters", "Voters in the membership", Some(status.membership.voters.len() as u64));
+    gauge("learners", "Learners in the membership", Some(status.membership.learners.len() as u64));
+    gauge(
+        "millis_since_quorum_ack",
+        "On the leader: time since a quorum last acknowledged it",
+        status.millis_since_quorum_ack,
+    );
+    gauge("topics", "Topics", Some(topics as u64));
+    gauge("partitions", "Partitions of all topics", Some(partitions as u64));
+    gauge("segments", "Segments in all partitions' chains", Some(segments as u64));
+    gauge("groups", "Consumer groups", Some(groups as u64));
+    gauge("agents", "Registered agents", Some(agents as u64));
+    gauge("live_agents", "Agents whose lease holds", Some(live_agents as u64));
+    out.push_str("# EOF\n");
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
+        .into_response()
 }
 
 /// What forwarding a request to the leader gave.

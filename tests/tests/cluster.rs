@@ -474,3 +474,38 @@ async fn read_state_after(url: &str, after: u64) -> (u16, Value) {
     let status = reply.status().as_u16();
     (status, reply.json().await.expect("json body"))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_nodes_export_their_raft_position_as_metrics() {
+    let cluster = MetadataCluster::start(3, &[]);
+    let leader = cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let (status, body) = post_write(&cluster.node(leader).url(), &create_topic("measured")).await;
+    assert_eq!(status, 200, "{body}");
+    let value = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("silt_metadata_{name} ")).and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    let mut leaders = 0;
+    for id in 1..=3 {
+        let text = wait_for("the topic applied on every node", Duration::from_secs(10), || async {
+            let text = http()
+                .get(format!("{}/metrics", cluster.node(id).url()))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            (text.contains("silt_metadata_topics 1")).then_some(text)
+        })
+        .await;
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        leaders += value(&text, "is_leader");
+        assert_eq!(value(&text, "voters"), 3);
+        assert!(value(&text, "last_applied_index") >= 1);
+    }
+    assert_eq!(leaders, 1, "exactly one node says it leads");
+}
