@@ -179,8 +179,8 @@ pub struct PartitionLag {
 }
 
 type CursorKey = (String, String, u32);
-/// A cursor's key with the floor and acked ranges to checkpoint.
-type Checkpoint = (CursorKey, u64, Vec<(u64, u64)>);
+/// A cursor's key with its topic id, the floor and acked ranges to checkpoint.
+type Checkpoint = (CursorKey, u64, u64, Vec<(u64, u64)>);
 
 /// The agent. Cheap to clone.
 #[derive(Clone)]
@@ -322,7 +322,7 @@ impl Agent {
                 incarnation: self.inner.incarnation.load(Ordering::SeqCst),
                 now_ms: now_ms(),
             };
-            match self.inner.metadata.write(cmd).await {
+            match self.inner.metadata.write_unobserved(cmd).await {
                 Ok(_) => {}
                 Err(MetadataError::LeaseLapsed { .. } | MetadataError::UnknownAgent { .. }) => {
                     warn!("this agent's lease lapsed; registering again");
@@ -374,6 +374,17 @@ impl Agent {
             .filter(|(k, r)| wanted.get(*k) != Some(&(r.topic_id, r.epoch)))
             .map(|(k, _)| k.clone())
             .collect();
+        // Writers that ended on their own (a failed write) are started again from disk.
+        let ended: Vec<(String, u32)> = self
+            .inner
+            .writers
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let stale: Vec<(String, u32)> = stale.into_iter().chain(ended).collect();
         for (topic, partition) in stale {
             self.stop_writer(&topic, partition).await;
         }
@@ -395,6 +406,40 @@ impl Agent {
                 error!(topic, partition, error = %e, "partition writer panicked");
             }
             info!(topic, partition, "stopped the partition writer: metadata names another writer or epoch");
+        }
+        drop(writers);
+        self.retire_cursors(topic, partition).await;
+    }
+
+    /// Checkpoints and forgets the groups' delivery state of a partition this agent no longer
+    /// writes: its next writer resumes from the checkpoint, and if the partition comes back
+    /// here, so does this agent.
+    async fn retire_cursors(&self, topic: &str, partition: u32) {
+        let retired: Vec<(String, GroupCursor)> = {
+            let mut cursors = lock(&self.inner.cursors);
+            let keys: Vec<CursorKey> =
+                cursors.keys().filter(|(_, t, p)| t == topic && *p == partition).cloned().collect();
+            keys.into_iter().filter_map(|k| cursors.remove(&k).map(|c| (k.0, c))).collect()
+        };
+        for (group, mut cursor) in retired {
+            if !cursor.is_dirty() {
+                continue;
+            }
+            let (floor, acked) = cursor.take_checkpoint();
+            let cmd = Command::CommitAcks {
+                group: group.clone(),
+                topic: topic.to_string(),
+                topic_id: Some(cursor.topic_id()),
+                partition,
+                floor,
+                acked: acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect(),
+            };
+            match self.inner.metadata.write(cmd).await {
+                Ok(_) | Err(MetadataError::UnknownTopic(_) | MetadataError::UnknownGroup(_)) => {}
+                Err(e) => {
+                    warn!(error = %e, group, topic, partition, "checkpointing the acks of a partition this agent stopped writing failed; they are delivered again")
+                }
+            }
         }
     }
 
@@ -491,30 +536,54 @@ impl Agent {
     /// reconciling it with metadata on first use. A partition another agent writes is a
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
-        let t = self.topic(topic).await?;
-        let Some(meta) = t.partitions.get(partition as usize) else {
-            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
-        };
         let key = (topic.to_string(), partition);
-        let current = |agent: &Agent| {
+        let current = |agent: &Agent, t: &Topic, epoch: u64| {
             agent
                 .inner
                 .partitions
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&key)
-                .filter(|r| r.topic_id == t.id && r.epoch == meta.epoch)
+                .filter(|r| r.topic_id == t.id && r.epoch == epoch)
                 .map(|r| r.handle.clone())
         };
-        if let Some(h) = current(self) {
+        let t = self.topic(topic).await?;
+        let Some(meta) = t.partitions.get(partition as usize) else {
+            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+        };
+        if let Some(h) = current(self, &t, meta.epoch) {
             return Ok(h);
         }
         if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
             return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
         }
         let mut writers = self.inner.writers.lock().await;
-        if let Some(h) = current(self) {
+        // Metadata may have moved on while this call waited for the lock: decide on what it
+        // says now, and never replace a writer of a newer epoch with an older one.
+        let t = self.topic_local(topic)?;
+        let Some(meta) = t.partitions.get(partition as usize) else {
+            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+        };
+        if let Some(h) = current(self, &t, meta.epoch) {
             return Ok(h);
+        }
+        if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
+            return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
+        }
+        if self.inner.cancel.is_cancelled() {
+            return Err(ApiError::unavailable("the agent is shutting down"));
+        }
+        let newer = self
+            .inner
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .is_some_and(|r| r.topic_id == t.id && r.epoch > meta.epoch);
+        if newer {
+            return Err(ApiError::unavailable(format!(
+                "partition {topic}/{partition}: this agent's metadata copy is behind its writer; retry"
+            )));
         }
         // An older writer of this partition (earlier epoch or topic id) must be gone before
         // the log is opened again.
@@ -532,6 +601,7 @@ impl Agent {
         let config = WriterConfig {
             agent_id: self.inner.config.agent_id.clone(),
             topic: topic.to_string(),
+            topic_id: t.id,
             partition,
             segment_bytes: t.config.segment_bytes,
             segment_ms: t.config.segment_ms,
@@ -769,22 +839,34 @@ impl Agent {
         let mut appends = Vec::new();
         for (partition, batches) in per_partition {
             let target = Arc::new(self.target(topic, partition, false).await?);
+            // Batches for another agent go one after the other (a fair lock taken in order), so
+            // they get offsets in order, and none follows one that failed.
+            let in_order = Arc::new(tokio::sync::Mutex::new(false));
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
                 let bytes =
                     builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
                 let batch = RecordBatch::parse(bytes).map_err(|e| {
                     ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
                 })?;
-                let target = Arc::clone(&target);
+                let (target, in_order) = (Arc::clone(&target), Arc::clone(&in_order));
                 let (peers, this) = (&self.inner.peers, self);
                 appends.push(async move {
                     let (count, len) = (batch.record_count(), batch.len_bytes());
                     let result = match &*target {
                         Target::Local(handle) => handle.append(batch).await.map_err(ApiError::from),
                         remote => {
-                            let peer = remote.peer().unwrap_or_default();
-                            this.count_forwarded("append");
-                            peers.append(peer, topic, partition, batch.into_bytes()).await
+                            let mut failed = in_order.lock().await;
+                            if *failed {
+                                Err(ApiError::unavailable(format!(
+                                    "an earlier batch of this request to partition {partition} failed; this one was not sent"
+                                )))
+                            } else {
+                                let peer = remote.peer().unwrap_or_default();
+                                this.count_forwarded("append");
+                                let r = peers.append(peer, topic, partition, batch.into_bytes()).await;
+                                *failed = r.is_err();
+                                r
+                            }
                         }
                     };
                     (partition, batch_index, count, len, result)
@@ -1084,11 +1166,21 @@ impl Agent {
     ) -> Result<(Vec<Delivered>, bool), ApiError> {
         let mut local = Vec::new();
         let mut remote: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
+        let mut unavailable = None;
         for &p in partitions {
-            match self.target(&req.topic, p, false).await? {
-                Target::Local(_) => local.push(p),
-                Target::Remote { agent, addr } => remote.entry((agent, addr)).or_default().push(p),
+            match self.target(&req.topic, p, false).await {
+                Ok(Target::Local(_)) => local.push(p),
+                Ok(Target::Remote { agent, addr }) => remote.entry((agent, addr)).or_default().push(p),
+                // One partition that cannot be served (its writer is starting, or waiting for
+                // the agent that holds its open segment) does not hold up the others.
+                Err(e) => {
+                    warn!(topic = %req.topic, partition = p, error = %e.message, "skipping a partition in a poll");
+                    unavailable.get_or_insert(e);
+                }
             }
+        }
+        if let Some(e) = unavailable.filter(|_| local.is_empty() && remote.is_empty()) {
+            return Err(e);
         }
         let mut delivered = self.collect(req, topic, &local).await?;
         for ((agent, addr), partitions) in &remote {
@@ -1203,16 +1295,16 @@ impl Agent {
             .min()
     }
 
-    fn load_cursor(&self, group: &str, topic: &str, partition: u32, log_start: u64) -> GroupCursor {
+    fn load_cursor(&self, group: &str, topic: &Topic, partition: u32, log_start: u64) -> GroupCursor {
         let (floor, acked) = self.inner.metadata.read_local(|s| {
             s.groups
                 .get(group)
-                .and_then(|g| g.topics.get(topic))
+                .and_then(|g| g.topics.get(&topic.name))
                 .and_then(|gt| gt.acks.get(&partition))
                 .map(|cp| (cp.floor, cp.acked.clone()))
                 .unwrap_or_default()
         });
-        GroupCursor::from_checkpoint(floor, &acked, log_start)
+        GroupCursor::from_checkpoint(topic.id, floor, &acked, log_start)
     }
 
     async fn collect(
@@ -1241,9 +1333,14 @@ impl Agent {
             let (expired, next_offset) = {
                 let mut cursors = lock(&self.inner.cursors);
                 let earliest = self.earliest_offset(&req.topic, p, reader.log_start());
+                let stale = cursors.get(&key).is_some_and(|c| c.topic_id() != topic.id);
+                if stale {
+                    // The topic was deleted and created again: its old delivery state is gone.
+                    cursors.remove(&key);
+                }
                 let cursor = cursors
                     .entry(key.clone())
-                    .or_insert_with(|| self.load_cursor(&req.group, &req.topic, p, earliest));
+                    .or_insert_with(|| self.load_cursor(&req.group, topic, p, earliest));
                 let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
                 for e in &expired {
                     if let Expired::Redeliver { offset, .. } = e {
@@ -1488,10 +1585,10 @@ impl Agent {
             .filter(|(_, c)| c.is_dirty())
             .map(|(k, c)| {
                 let (floor, acked) = c.take_checkpoint();
-                (k.clone(), floor, acked)
+                (k.clone(), c.topic_id(), floor, acked)
             })
             .collect();
-        for ((group, topic, partition), floor, acked) in dirty {
+        for ((group, topic, partition), topic_id, floor, acked) in dirty {
             let hwm = self
                 .inner
                 .partitions
@@ -1508,12 +1605,35 @@ impl Agent {
             }
             let acked: Vec<(u64, u64)> =
                 acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect();
-            let cmd =
-                Command::CommitAcks { group: group.clone(), topic: topic.clone(), partition, floor, acked };
-            if let Err(e) = self.inner.metadata.write(cmd).await {
-                warn!(error = %e, group, topic, partition, "checkpointing acks failed; will retry");
-                if let Some(c) = lock(&self.inner.cursors).get_mut(&(group, topic, partition)) {
-                    c.mark_dirty();
+            let cmd = Command::CommitAcks {
+                group: group.clone(),
+                topic: topic.clone(),
+                topic_id: Some(topic_id),
+                partition,
+                floor,
+                acked,
+            };
+            match self.inner.metadata.write(cmd).await {
+                Ok(_) => {}
+                // The topic or group is gone, or was created again: this state is stale.
+                Err(
+                    MetadataError::UnknownTopic(_)
+                    | MetadataError::UnknownGroup(_)
+                    | MetadataError::InvalidArgument(_),
+                ) => {
+                    let mut cursors = lock(&self.inner.cursors);
+                    if cursors
+                        .get(&(group.clone(), topic.clone(), partition))
+                        .is_some_and(|c| c.topic_id() == topic_id)
+                    {
+                        cursors.remove(&(group, topic, partition));
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, group, topic, partition, "checkpointing acks failed; will retry");
+                    if let Some(c) = lock(&self.inner.cursors).get_mut(&(group, topic, partition)) {
+                        c.mark_dirty();
+                    }
                 }
             }
         }

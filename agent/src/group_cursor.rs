@@ -54,6 +54,8 @@ pub enum Expired {
 /// A group's delivery state on one partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupCursor {
+    /// The topic id this state belongs to (a re-created topic starts afresh).
+    topic_id: u64,
     next_offset: u64,
     in_flight: BTreeMap<u64, InFlight>,
     acked_ahead: Vec<(u64, u64)>,
@@ -62,8 +64,9 @@ pub struct GroupCursor {
 
 impl GroupCursor {
     /// Resumes from a checkpoint. Offsets below `log_start` no longer exist and are skipped.
-    pub fn from_checkpoint(floor: u64, acked: &[(u64, u64)], log_start: u64) -> Self {
+    pub fn from_checkpoint(topic_id: u64, floor: u64, acked: &[(u64, u64)], log_start: u64) -> Self {
         let mut cursor = GroupCursor {
+            topic_id,
             next_offset: floor.max(log_start),
             in_flight: BTreeMap::new(),
             acked_ahead: acked.to_vec(),
@@ -71,6 +74,11 @@ impl GroupCursor {
         };
         cursor.skip_acked();
         cursor
+    }
+
+    /// The topic id this state belongs to.
+    pub fn topic_id(&self) -> u64 {
+        self.topic_id
     }
 
     /// The next offset that has never been delivered.
@@ -224,7 +232,7 @@ mod tests {
 
     #[test]
     fn floor_and_checkpoint_follow_acks() {
-        let mut c = GroupCursor::from_checkpoint(0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
         for o in 0..5 {
             assert!(c.wants(o));
             c.deliver(o, 100);
@@ -244,7 +252,7 @@ mod tests {
 
     #[test]
     fn resume_skips_acked_ranges() {
-        let mut c = GroupCursor::from_checkpoint(2, &[(3, 4), (7, 7)], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 2, &[(3, 4), (7, 7)], 0);
         assert_eq!(c.next_offset(), 2);
         c.deliver(2, 10);
         assert_eq!(c.next_offset(), 5, "3 and 4 were acked before the restart");
@@ -258,7 +266,7 @@ mod tests {
 
     #[test]
     fn expiry_redelivers_then_dead_letters() {
-        let mut c = GroupCursor::from_checkpoint(0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
         c.deliver(0, 100);
         assert!(c.expired(99, 2, 10).is_empty());
         assert_eq!(c.expired(100, 2, 10), vec![Expired::Redeliver { offset: 0, deliveries: 2 }]);
@@ -270,7 +278,7 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_through_resume() {
-        let mut c = GroupCursor::from_checkpoint(0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
         for o in 0..10 {
             c.deliver(o, 1);
         }
@@ -278,7 +286,7 @@ mod tests {
             c.ack(o);
         }
         let (floor, acked) = c.take_checkpoint();
-        let resumed = GroupCursor::from_checkpoint(floor, &acked, 0);
+        let resumed = GroupCursor::from_checkpoint(0, floor, &acked, 0);
         for o in 0..10 {
             let delivered_again = o >= resumed.next_offset() && resumed.wants(o);
             assert_eq!(delivered_again, ![0, 2, 3, 7].contains(&o), "offset {o}");

@@ -185,12 +185,14 @@ impl PartitionLog {
     /// Deletes every segment and starts an empty log at `base`. Only for a log whose records
     /// all live elsewhere (archived): the caller checks that.
     pub fn reset_at(&mut self, base: u64) -> Result<(), StoreError> {
-        let fresh = Segment::create(&self.dir, base)?;
-        for old in std::mem::replace(&mut self.segments, vec![fresh]) {
-            if old.base_offset() != base {
-                old.delete_files()?;
-            }
+        // Oldest first, and the new segment only once they are all gone: a crash in between
+        // leaves a contiguous suffix of the old log, never a gap.
+        while !self.segments.is_empty() {
+            let old = self.segments.remove(0);
+            old.delete_files()?;
         }
+        sync_dir(&self.dir)?;
+        self.segments.push(Segment::create(&self.dir, base)?);
         sync_dir(&self.dir)?;
         self.publish();
         Ok(())

@@ -24,6 +24,8 @@ use crate::partition_log::{PartitionLog, PartitionReader};
 pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Most bytes written between two fsyncs.
 pub const GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// How long a failed writer refuses writes before it ends and the agent starts a new one.
+const FAILED_WRITER_RESTART_AFTER: Duration = Duration::from_secs(5);
 /// Most appends answered by one fsync.
 pub const GROUP_APPENDS_MAX: usize = 1024;
 
@@ -34,6 +36,9 @@ pub struct WriterConfig {
     pub agent_id: String,
     /// Topic name.
     pub topic: String,
+    /// Topic id: segment commands for a deleted and re-created topic of the same name are
+    /// refused.
+    pub topic_id: u64,
     /// Partition number.
     pub partition: u32,
     /// Roll when the active segment would grow past this.
@@ -304,6 +309,7 @@ impl PartitionWriter {
     fn seal_command(&self, s: &SealedSummary) -> Command {
         Command::SealSegment {
             topic: self.config.topic.clone(),
+            topic_id: Some(self.config.topic_id),
             partition: self.config.partition,
             epoch: self.epoch,
             base_offset: s.base_offset,
@@ -318,6 +324,7 @@ impl PartitionWriter {
     fn open_command(&self) -> Command {
         Command::OpenSegment {
             topic: self.config.topic.clone(),
+            topic_id: Some(self.config.topic_id),
             partition: self.config.partition,
             epoch: self.epoch,
             base_offset: self.log().next_offset(),
@@ -367,6 +374,23 @@ impl PartitionWriter {
                 }
             }
             self.process(group).await;
+            if let Some(reason) = self.failed.clone() {
+                // Refuse writes for a while, then end: the agent's supervisor starts a new
+                // writer, which recovers the log from disk (never retrying on the same state).
+                error!(%reason, "the partition writer failed; it stops and is restarted from disk");
+                let until = tokio::time::Instant::now() + FAILED_WRITER_RESTART_AFTER;
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep_until(until) => break,
+                        r = rx.recv() => match r {
+                            Some(r) => { let _ = r.reply.send(Err(StoreError::Failed(reason.clone()))); }
+                            None => break,
+                        },
+                    }
+                }
+                break;
+            }
         }
         // Drain: everything already queued is written (or refused) before the task ends.
         rx.close();

@@ -57,6 +57,7 @@ async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
     .expect("claim");
     m.write(Command::OpenSegment {
         topic: "t".into(),
+        topic_id: None,
         partition: 0,
         epoch: 1,
         base_offset: 0,
@@ -67,6 +68,7 @@ async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
     .expect("open");
     m.write(Command::SealSegment {
         topic: "t".into(),
+        topic_id: None,
         partition: 0,
         epoch: 1,
         base_offset: 0,

@@ -304,6 +304,7 @@ mod tests {
         let (epoch, base_offset) = (p.epoch, p.next_segment_base());
         let r = s.apply(&Command::OpenSegment {
             topic: topic.into(),
+            topic_id: None,
             partition,
             epoch,
             base_offset,
@@ -347,6 +348,7 @@ mod tests {
         heartbeat(&mut s, "b", b, 1001);
         let r = s.apply(&Command::SealSegment {
             topic: "t".into(),
+            topic_id: None,
             partition: 0,
             epoch: 2,
             base_offset: 0,

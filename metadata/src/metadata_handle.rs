@@ -48,6 +48,15 @@ impl Metadata {
         }
     }
 
+    /// Like [`write`](Self::write), without waiting for this process's copy to include the
+    /// write (heartbeats: nothing reads what they change here).
+    pub async fn write_unobserved(&self, cmd: Command) -> Result<Response, MetadataError> {
+        match self {
+            Metadata::Local(node) => node.write(cmd).await,
+            Metadata::Remote(remote) => remote.inner.client.write(cmd).await,
+        }
+    }
+
     /// Runs `f` over a state that includes every write committed before this call.
     pub async fn read<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> Result<T, MetadataError> {
         match self {

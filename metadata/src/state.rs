@@ -215,6 +215,10 @@ pub enum Command {
     OpenSegment {
         /// Topic name.
         topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// Writer's epoch; must be the partition's current epoch.
@@ -230,6 +234,9 @@ pub enum Command {
     SealSegment {
         /// Topic name.
         topic: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// Writer's epoch; must be the partition's current epoch.
@@ -331,6 +338,9 @@ pub enum Command {
         group: String,
         /// Topic name.
         topic: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// Everything below is acknowledged.
@@ -475,7 +485,8 @@ impl MetadataState {
                 p.writer = Some(agent.clone());
                 Ok(Response::Epoch { epoch: p.epoch })
             }
-            Command::OpenSegment { topic, partition, epoch, base_offset, ensemble, now_ms } => {
+            Command::OpenSegment { topic, topic_id, partition, epoch, base_offset, ensemble, now_ms } => {
+                self.check_topic_id(topic, *topic_id)?;
                 let p = self.partition_mut(topic, *partition)?;
                 check_epoch(p, *epoch)?;
                 if let Some(open) = p.open_segment() {
@@ -513,6 +524,7 @@ impl MetadataState {
             }
             Command::SealSegment {
                 topic,
+                topic_id,
                 partition,
                 epoch,
                 base_offset,
@@ -522,6 +534,7 @@ impl MetadataState {
                 max_timestamp_ms,
                 now_ms,
             } => {
+                self.check_topic_id(topic, *topic_id)?;
                 let p = self.partition_mut(topic, *partition)?;
                 check_epoch(p, *epoch)?;
                 let segment = match p.segments.get_mut(base_offset) {
@@ -713,7 +726,8 @@ impl MetadataState {
                 }
                 Ok(Response::Ok)
             }
-            Command::CommitAcks { group, topic, partition, floor, acked } => {
+            Command::CommitAcks { group, topic, topic_id, partition, floor, acked } => {
+                self.check_topic_id(topic, *topic_id)?;
                 let partitions = self.topic(topic)?.partitions.len() as u32;
                 if *partition >= partitions {
                     return Err(MetadataError::UnknownPartition {
@@ -754,6 +768,16 @@ impl MetadataState {
     /// Looks up a topic.
     pub fn topic(&self, name: &str) -> Result<&Topic, MetadataError> {
         self.topics.get(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))
+    }
+
+    fn check_topic_id(&self, topic: &str, id: Option<u64>) -> Result<(), MetadataError> {
+        match (id, self.topics.get(topic)) {
+            (Some(id), Some(t)) if t.id != id => Err(MetadataError::InvalidArgument(format!(
+                "topic '{topic}' was deleted and created again (id {} is now {}); the command was for the old one",
+                id, t.id
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn partition_mut(&mut self, topic: &str, partition: u32) -> Result<&mut Partition, MetadataError> {
@@ -880,6 +904,62 @@ mod tests {
     }
 
     #[test]
+    fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        let old_id = s.topics["t"].id;
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
+        create(&mut s, "t", 1);
+        let claim = Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "b".into(), expected_epoch: None };
+        assert!(matches!(s.apply(&claim), Response::Epoch { epoch: 1 }));
+        let open = |topic_id| Command::OpenSegment {
+            topic: "t".into(),
+            topic_id,
+            partition: 0,
+            epoch: 1,
+            base_offset: 0,
+            ensemble: vec!["b".into()],
+            now_ms: 1,
+        };
+        assert!(matches!(s.apply(&open(Some(old_id))), Response::Error { .. }));
+        assert_eq!(s.apply(&open(Some(s.topics["t"].id))), Response::Ok);
+        let before = s.clone();
+        let seal = Command::SealSegment {
+            topic: "t".into(),
+            topic_id: Some(old_id),
+            partition: 0,
+            epoch: 1,
+            base_offset: 0,
+            record_count: 0,
+            size_bytes: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 2,
+        };
+        assert!(matches!(s.apply(&seal), Response::Error { .. }), "the old writer cannot seal the new segment");
+        assert_eq!(s, before);
+        s.apply(&Command::JoinGroup {
+            group: "g".into(),
+            topic: "t".into(),
+            member: "m".into(),
+            mode: GroupMode::Shared,
+            session_timeout_ms: 1000,
+            now_ms: 2,
+        });
+        let before_acks = s.clone();
+        let acks = Command::CommitAcks {
+            group: "g".into(),
+            topic: "t".into(),
+            topic_id: Some(old_id),
+            partition: 0,
+            floor: 10,
+            acked: vec![],
+        };
+        assert!(matches!(s.apply(&acks), Response::Error { .. }), "old ack floors do not apply to the new topic");
+        assert_eq!(s, before_acks);
+    }
+
+    #[test]
     fn create_and_delete_topic() {
         let mut s = MetadataState::default();
         assert!(matches!(create(&mut s, "t", 4), Response::Topic { .. }));
@@ -910,6 +990,7 @@ mod tests {
         let open = |s: &mut MetadataState, epoch, base| {
             s.apply(&Command::OpenSegment {
                 topic: "t".into(),
+                topic_id: None,
                 partition: 0,
                 epoch,
                 base_offset: base,
@@ -920,6 +1001,7 @@ mod tests {
         let seal = |s: &mut MetadataState, epoch, base, count| {
             s.apply(&Command::SealSegment {
                 topic: "t".into(),
+                topic_id: None,
                 partition: 0,
                 epoch,
                 base_offset: base,
@@ -974,7 +1056,14 @@ mod tests {
         create(&mut s, "t", 1);
         join(&mut s, "m1", 1);
         let commit = |s: &mut MetadataState, floor, acked: Vec<(u64, u64)>| {
-            s.apply(&Command::CommitAcks { group: "g".into(), topic: "t".into(), partition: 0, floor, acked })
+            s.apply(&Command::CommitAcks {
+                group: "g".into(),
+                topic: "t".into(),
+                topic_id: None,
+                partition: 0,
+                floor,
+                acked,
+            })
         };
         assert_eq!(commit(&mut s, 10, vec![(12, 14)]), Response::Ok);
         assert_eq!(commit(&mut s, 5, vec![(11, 11)]), Response::Ok);
@@ -1001,6 +1090,7 @@ mod tests {
         for (base, count) in [(0u64, 10u64), (10, 5), (15, 0)] {
             let open = Command::OpenSegment {
                 topic: "t".into(),
+                topic_id: None,
                 partition: 0,
                 epoch: 1,
                 base_offset: base,
@@ -1011,6 +1101,7 @@ mod tests {
             if count > 0 {
                 let seal = Command::SealSegment {
                     topic: "t".into(),
+                    topic_id: None,
                     partition: 0,
                     epoch: 1,
                     base_offset: base,

@@ -216,9 +216,14 @@ async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch(
     assert!(epoch1 > epoch0);
     // The open segment of partition 0 lives only on a1's disk (one replica): a2 refuses to
     // write rather than drop it, and says why.
-    let waiting =
-        a2.client().produce("t", &messages(Some(0), "x", 1)).await.expect_err("p0 cannot be recovered yet");
-    assert!(waiting.to_string().contains("held by agent(s) a1"), "{waiting}");
+    // (Until a2's copy of metadata shows it as writer, a2 passes the request to a1, which is
+    // down: an error too, but another one.)
+    let c2 = a2.client();
+    wait_for("a2 to say why it cannot write p0", Duration::from_secs(10), || async {
+        let e = c2.produce("t", &messages(Some(0), "x", 1)).await.expect_err("p0 cannot be recovered yet");
+        e.to_string().contains("held by agent(s) a1").then_some(())
+    })
+    .await;
     // Partition 1 is unaffected.
     a2.client().produce("t", &messages(Some(1), "during", 10)).await.expect("produce p1 while a1 is down");
 
