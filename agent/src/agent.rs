@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
 use crate::metrics::{ForwardLabels, LagLabels, Metrics};
-use crate::partition_log::PartitionLog;
+use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
 use crate::peer::{CollectRequest, Peers, WireRecord};
 use futures::TryStreamExt;
@@ -179,6 +179,10 @@ pub struct PartitionLag {
 }
 
 type CursorKey = (String, String, u32);
+/// A retired local log: the topic id it belongs to, and its read half.
+type Retired = (u64, Arc<PartitionReader>);
+/// A retired log to check: its partition, topic id and the offset ranges it holds.
+type RetiredRanges = ((String, u32), u64, Vec<(u64, u64)>);
 /// A cursor's key with its topic id, the floor and acked ranges to checkpoint.
 type Checkpoint = (CursorKey, u64, u64, Vec<(u64, u64)>);
 
@@ -197,6 +201,9 @@ struct Inner {
     writers: tokio::sync::Mutex<HashMap<(String, u32), WriterTask>>,
     /// Reaches other agents, for requests about partitions they write.
     peers: Peers,
+    /// Local logs of partitions this agent held but no longer writes, by topic and partition,
+    /// with the topic id: they stay readable (for reads and the compactor) until archived.
+    retired: RwLock<HashMap<(String, u32), Retired>>,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
     incarnation: std::sync::atomic::AtomicU64,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
@@ -228,6 +235,44 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Reads up to `want` records of a local log from `offset` on the blocking pool. Returns the
+/// records, where the next read starts, the log's end, and the batch bytes read.
+async fn read_hot(
+    reader: Arc<PartitionReader>,
+    offset: u64,
+    want: usize,
+) -> Result<(Vec<Record>, u64, u64, usize), ApiError> {
+    tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let mut records = Vec::new();
+        let mut next = offset;
+        let mut bytes = 0usize;
+        let mut hwm = reader.high_watermark();
+        while records.len() < want {
+            let r = reader.read(next, READ_BYTES_STEP)?;
+            hwm = r.high_watermark;
+            if r.batches.is_empty() {
+                break;
+            }
+            for batch in &r.batches {
+                bytes += batch.len_bytes();
+                for record in batch.records() {
+                    if record.offset >= next && records.len() < want {
+                        next = record.offset + 1;
+                        records.push(record);
+                    }
+                }
+            }
+            if records.len() < want {
+                next = next.max(r.next_offset);
+            }
+        }
+        Ok((records, next, hwm, bytes))
+    })
+    .await
+    .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))?
+    .map_err(ApiError::from)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -253,6 +298,7 @@ impl Agent {
                 metrics,
                 partitions: RwLock::new(HashMap::new()),
                 writers: tokio::sync::Mutex::new(HashMap::new()),
+                retired: RwLock::new(HashMap::new()),
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
                 heartbeats: Mutex::new(HashMap::new()),
@@ -269,6 +315,7 @@ impl Agent {
         let (topics, next_topic_id): (Vec<Topic>, u64) =
             agent.inner.metadata.read(|s| (s.topics.values().cloned().collect(), s.next_topic_id)).await?;
         agent.remove_stale_topic_dirs(&topics, next_topic_id);
+        agent.open_retired_logs(&topics).await;
         agent.supervise().await;
         let checkpointer = agent.clone();
         let task = tokio::spawn(async move { checkpointer.run_checkpointer().await });
@@ -365,6 +412,7 @@ impl Agent {
                 .collect()
         });
         self.inner.metrics.partitions_written.set(wanted.len() as i64);
+        self.drop_archived_retired_logs().await;
         let stale: Vec<(String, u32)> = self
             .inner
             .partitions
@@ -399,7 +447,16 @@ impl Agent {
     async fn stop_writer(&self, topic: &str, partition: u32) {
         let key = (topic.to_string(), partition);
         let mut writers = self.inner.writers.lock().await;
-        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let running = self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        if let Some(r) = running {
+            // Its local log stays readable until everything in it is archived.
+            let reader = Arc::clone(r.handle.reader());
+            self.inner
+                .retired
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), (r.topic_id, reader));
+        }
         if let Some(w) = writers.remove(&key) {
             w.cancel.cancel();
             if let Err(e) = w.task.await {
@@ -594,6 +651,7 @@ impl Agent {
                 error!(topic, partition, error = %e, "partition writer panicked");
             }
         }
+        self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
         let dir = self.topic_dir(topic, t.id).join(partition.to_string());
         let (log, _reports) = tokio::task::spawn_blocking(move || PartitionLog::open(&dir))
             .await
@@ -966,9 +1024,21 @@ impl Agent {
         let mut next = offset;
         // Cold part: offsets below what this agent holds locally.
         while records.len() < max_records && next < reader.log_start() {
-            let Some(cold) = &self.inner.cold else { break };
             let Some(part) = self.partition_meta(topic, partition) else { break };
-            match locate(&part, next) {
+            let location = locate(&part, next);
+            if let Location::Hot { base_offset } = location {
+                // Written before this agent took the partition over, not archived yet.
+                let Some(seg) = part.segments.get(&base_offset) else { break };
+                let got = self
+                    .read_elsewhere(topic, partition, next, max_records - records.len(), &seg.ensemble)
+                    .await?;
+                let Some(last) = got.last() else { break };
+                next = last.offset + 1;
+                records.extend(got);
+                continue;
+            }
+            let Some(cold) = &self.inner.cold else { break };
+            match location {
                 Location::Cold { object_key, object_bytes, last_offset, .. } => {
                     let got = cold
                         .read(&object_key, object_bytes, next, max_records - records.len())
@@ -988,34 +1058,7 @@ impl Agent {
             return Ok((records, next, hwm));
         }
         let want = max_records - records.len();
-        let (hot, next, hwm, bytes) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-            let mut records = Vec::new();
-            let mut next = next;
-            let mut bytes = 0usize;
-            let mut hwm = reader.high_watermark();
-            while records.len() < want {
-                let r = reader.read(next, READ_BYTES_STEP)?;
-                hwm = r.high_watermark;
-                if r.batches.is_empty() {
-                    break;
-                }
-                for batch in &r.batches {
-                    bytes += batch.len_bytes();
-                    for record in batch.records() {
-                        if record.offset >= next && records.len() < want {
-                            next = record.offset + 1;
-                            records.push(record);
-                        }
-                    }
-                }
-                if records.len() < want {
-                    next = next.max(r.next_offset);
-                }
-            }
-            Ok((records, next, hwm, bytes))
-        })
-        .await
-        .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
+        let (hot, next, hwm, bytes) = read_hot(reader, next, want).await?;
         self.inner.metrics.records_out.get_or_create(&labels).inc_by(hot.len() as u64);
         self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
         records.extend(hot);
@@ -1030,7 +1073,9 @@ impl Agent {
         base_offset: u64,
         last_offset: u64,
     ) -> Result<Vec<Record>, ApiError> {
-        let reader = Arc::clone(self.partition(topic, partition).await?.reader());
+        let reader = self.local_reader(topic, partition).ok_or_else(|| {
+            ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
+        })?;
         tokio::task::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
             let mut records = Vec::new();
             let mut next = base_offset;
@@ -1051,6 +1096,157 @@ impl Agent {
         .await
         .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))?
         .map_err(ApiError::from)
+    }
+
+    /// The local log of a partition: its writer's here, or a retired one.
+    fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
+        let key = (topic.to_string(), partition);
+        let running = self
+            .inner
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .map(|r| Arc::clone(r.handle.reader()));
+        running.or_else(|| {
+            self.inner.retired.read().unwrap_or_else(|e| e.into_inner()).get(&key).map(|(_, r)| Arc::clone(r))
+        })
+    }
+
+    /// Reads records this agent holds in its local log of a partition, whether or not it
+    /// writes the partition (segments it wrote before another agent took over).
+    pub async fn read_held(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_records: usize,
+    ) -> Result<(Vec<Record>, u64, u64), ApiError> {
+        let reader = self.local_reader(topic, partition).ok_or_else(|| {
+            ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
+        })?;
+        let (records, next, hwm, _) = read_hot(reader, offset, max_records.max(1)).await?;
+        Ok((records, next, hwm))
+    }
+
+    /// Reads offsets of a segment that is neither archived nor in this agent's writer log:
+    /// from this agent's retired log if it holds the segment, else from an agent of its
+    /// ensemble.
+    async fn read_elsewhere(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_records: usize,
+        ensemble: &[String],
+    ) -> Result<Vec<Record>, ApiError> {
+        let me = self.inner.config.agent_id.as_str();
+        if ensemble.iter().any(|a| a == me) {
+            if let Ok((records, _, _)) = self.read_held(topic, partition, offset, max_records).await {
+                if !records.is_empty() {
+                    return Ok(records);
+                }
+            }
+        }
+        let mut last = ApiError::unavailable(format!(
+            "offset {offset} of {topic}/{partition} is held by agent(s) {} and none answered",
+            ensemble.join(", ")
+        ));
+        for agent in ensemble.iter().filter(|a| *a != me) {
+            let Some(addr) = self.inner.metadata.read_local(|s| s.agents.get(agent).map(|a| a.addr.clone()))
+            else {
+                continue;
+            };
+            self.count_forwarded("read");
+            match self.inner.peers.read_held((agent, &addr), topic, partition, offset, max_records).await {
+                Ok(page) => {
+                    return page.records.into_iter().map(|r| r.into_delivered().map(|d| d.record)).collect();
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Opens the local logs of partitions this agent does not write but holds data of (it
+    /// wrote them before a restart), so that they stay readable until archived.
+    async fn open_retired_logs(&self, topics: &[Topic]) {
+        let me = self.inner.config.agent_id.clone();
+        for t in topics {
+            for (p, part) in t.partitions.iter().enumerate() {
+                if part.writer.as_deref() == Some(me.as_str()) {
+                    continue;
+                }
+                let dir = self.topic_dir(&t.name, t.id).join(p.to_string());
+                if !dir.exists() {
+                    continue;
+                }
+                match tokio::task::spawn_blocking(move || PartitionLog::open(&dir)).await {
+                    Ok(Ok((log, _))) if !log.reader().ranges().is_empty() => {
+                        self.inner
+                            .retired
+                            .write()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert((t.name.clone(), p as u32), (t.id, log.reader()));
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        warn!(topic = %t.name, partition = p, error = %e, "cannot open a local log this agent no longer writes")
+                    }
+                    Err(e) => {
+                        warn!(topic = %t.name, partition = p, error = %e, "opening a local log panicked")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets retired local logs whose records are all archived (or deleted by retention),
+    /// and deletes their files, unless this agent writes the partition again.
+    async fn drop_archived_retired_logs(&self) {
+        let retired: Vec<RetiredRanges> = self
+            .inner
+            .retired
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, (id, r))| (k.clone(), *id, r.ranges()))
+            .collect();
+        for ((topic, partition), topic_id, ranges) in retired {
+            let archived = self.inner.metadata.read_local(|s| {
+                let Some(t) = s.topics.get(&topic).filter(|t| t.id == topic_id) else { return true };
+                let Some(p) = t.partitions.get(partition as usize) else { return true };
+                let start = p.segments.keys().next().copied().unwrap_or(0);
+                ranges.iter().all(|&(first, last)| {
+                    last < start
+                        || p.segments.values().any(|seg| {
+                            seg.state == silt_metadata::state::SegmentState::Archived
+                                && seg.base_offset <= first
+                                && seg.last_offset.is_some_and(|l| l >= last)
+                        })
+                })
+            });
+            if !archived {
+                continue;
+            }
+            let key = (topic.clone(), partition);
+            let writers = self.inner.writers.lock().await;
+            let removed = self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            if removed.is_none() || writers.contains_key(&key) {
+                continue;
+            }
+            let dir = self.topic_dir(&topic, topic_id).join(partition.to_string());
+            match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
+                Ok(Ok(())) => info!(
+                    topic,
+                    partition, "dropped the archived local log of a partition another agent writes"
+                ),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Ok(Err(e)) => warn!(topic, partition, error = %e, "deleting an archived local log failed"),
+                Err(e) => warn!(topic, partition, error = %e, "deleting an archived local log panicked"),
+            }
+            drop(writers);
+        }
     }
 
     fn partition_meta(&self, topic: &str, partition: u32) -> Option<silt_metadata::state::Partition> {

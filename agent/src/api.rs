@@ -42,6 +42,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/groups/{group}/leave", post(leave))
         .route("/internal/v1/topics/{topic}/partitions/{partition}/records", get(peer_read))
         .route("/internal/v1/topics/{topic}/partitions/{partition}/offset", get(peer_offset_for_time))
+        .route("/internal/v1/topics/{topic}/partitions/{partition}/held", get(peer_read_held))
         .route("/internal/v1/topics/{topic}/collect", post(peer_collect))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
@@ -364,6 +365,20 @@ async fn peer_read(
     let p = query(params)?;
     let (records, next_offset, high_watermark) =
         agent.read(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX), true).await?;
+    let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
+    Ok(Json(WirePage { records, next_offset, high_watermark }))
+}
+
+/// Another agent (or the compactor) reads what this agent holds locally of a partition,
+/// whether or not it writes it.
+async fn peer_read_held(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<PeerReadParams>, QueryRejection>,
+) -> ApiResult<Json<WirePage>> {
+    let p = query(params)?;
+    let (records, next_offset, high_watermark) =
+        agent.read_held(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX)).await?;
     let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
     Ok(Json(WirePage { records, next_offset, high_watermark }))
 }

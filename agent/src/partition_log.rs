@@ -238,6 +238,17 @@ impl PartitionReader {
         self.state.read().unwrap_or_else(|e| e.into_inner()).log_start
     }
 
+    /// The offset ranges (first, last) of the segments that hold records.
+    pub fn ranges(&self) -> Vec<(u64, u64)> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state
+            .segments
+            .iter()
+            .filter(|v| v.end_offset > v.base_offset)
+            .map(|v| (v.base_offset, v.end_offset - 1))
+            .collect()
+    }
+
     /// A receiver that changes whenever the high watermark moves.
     pub fn watch(&self) -> watch::Receiver<u64> {
         self.high_watermark.subscribe()

@@ -246,6 +246,23 @@ impl Peers {
         self.send(agent, addr, request, Duration::ZERO).await
     }
 
+    /// Reads records an agent holds in its local log of a partition, whether or not it writes
+    /// the partition.
+    pub async fn read_held(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<WirePage, ApiError> {
+        let request = self
+            .http
+            .get(Self::url(addr, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held")))
+            .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
+        self.send(agent, addr, request, Duration::ZERO).await
+    }
+
     /// The first offset at or after a time, from the partition's writer.
     pub async fn offset_for_time(
         &self,

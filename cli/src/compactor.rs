@@ -1,8 +1,8 @@
 //! `silt compactor`: the compactor in its own process, for clusters.
 //!
-//! It reads metadata through a metadata cluster, reads each sealed segment from the agent that
-//! writes its partition (the agent's `/internal/v1/.../records`, which serves the records as
-//! stored), writes the Parquet objects to the bucket and commits them in metadata, exactly as
+//! It reads metadata through a metadata cluster, reads each sealed segment from an agent that
+//! holds it (its ensemble, through the agent's `/internal/v1/.../held`, which serves the
+//! records as stored), writes the Parquet objects to the bucket and commits them in metadata, exactly as
 //! the compactor inside `silt dev` does. It keeps no state of its own: run one (or more; the
 //! conditional create keeps them from archiving a segment twice). Agents then run with
 //! `--no-compactor`. It serves `/metrics` and `/health` on `--listen`.
@@ -60,20 +60,55 @@ impl SegmentSource for AgentsOverHttp {
         base_offset: u64,
         last_offset: u64,
     ) -> Result<Vec<Record>, String> {
-        let writer = self.metadata.read_local(|s| {
-            let writer = s.topics.get(topic)?.partitions.get(partition as usize)?.writer.clone()?;
-            let addr = s.agents.get(&writer)?.addr.clone();
-            Some((writer, addr))
+        // The agents holding the segment (its ensemble), live ones first; the partition's
+        // writer last (it passes reads of segments it does not hold on).
+        let sources: Vec<(String, String)> = self.metadata.read_local(|s| {
+            let now = s.clock_ms;
+            let Some(p) = s.topics.get(topic).and_then(|t| t.partitions.get(partition as usize)) else {
+                return Vec::new();
+            };
+            let mut holders: Vec<&String> =
+                p.segments.get(&base_offset).map(|seg| seg.ensemble.iter().collect()).unwrap_or_default();
+            holders.sort_by_key(|a| !s.agents.get(*a).is_some_and(|i| i.is_live(now)));
+            let mut out: Vec<(String, String)> = holders
+                .into_iter()
+                .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))
+                .collect();
+            if let Some(w) = p.writer.as_ref().and_then(|w| s.agents.get(w)) {
+                if !out.iter().any(|(a, _)| *a == w.id) {
+                    out.push((w.id.clone(), w.addr.clone()));
+                }
+            }
+            out
         });
-        let (agent, addr) =
-            writer.ok_or_else(|| format!("partition {topic}/{partition} has no live writer"))?;
+        let mut last = format!("no agent holds segment {base_offset} of {topic}/{partition}");
+        for (agent, addr) in sources {
+            match self.read_from(&agent, &addr, topic, partition, base_offset, last_offset).await {
+                Ok(records) => return Ok(records),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+impl AgentsOverHttp {
+    async fn read_from(
+        &self,
+        agent: &str,
+        addr: &str,
+        topic: &str,
+        partition: u32,
+        base_offset: u64,
+        last_offset: u64,
+    ) -> Result<Vec<Record>, String> {
         let mut records = Vec::new();
         let mut next = base_offset;
         while next <= last_offset {
             let want = ((last_offset - next + 1) as usize).min(PAGE_RECORDS);
             let page = self
                 .peers
-                .read((&agent, &addr), topic, partition, next, want)
+                .read_held((agent, addr), topic, partition, next, want)
                 .await
                 .map_err(|e| e.to_string())?;
             if page.records.is_empty() {

@@ -49,12 +49,23 @@ fn messages(partition: Option<u32>, tag: &str, n: usize) -> Vec<OutMessage> {
 
 /// Every record of a partition from offset 0, as (offset, value).
 async fn read_all(client: &Client, topic: &str, partition: u32) -> Vec<(u64, String)> {
+    match try_read_all(client, topic, partition).await {
+        Ok(records) => records,
+        Err(e) => panic!("replay: {e}"),
+    }
+}
+
+async fn try_read_all(
+    client: &Client,
+    topic: &str,
+    partition: u32,
+) -> Result<Vec<(u64, String)>, silt::client::ClientError> {
     let mut out = Vec::new();
     let mut next = 0;
     loop {
-        let page = client.replay(topic, partition, Some(next), None, 1000).await.expect("replay");
+        let page = client.replay(topic, partition, Some(next), None, 1000).await?;
         if page.messages.is_empty() {
-            return out;
+            return Ok(out);
         }
         for m in page.messages {
             next = m.offset + 1;
@@ -593,4 +604,70 @@ async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_contin
         .chain((0..10).map(|i| format!("third-{i}")))
         .collect();
     assert_eq!(values, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_left_on_an_agent_that_no_longer_writes_the_partition_stay_readable_until_archived() {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let start = |id: &str| {
+        SiltDev::start_agent(&AgentOptions {
+            id: id.into(),
+            metadata: cluster.addrs(),
+            object_store: objects.clone(),
+            lease: "5s".into(),
+            extra: vec!["--no-compactor".into()],
+        })
+    };
+    let (mut a1, a2) = (start("a1"), start("a2"));
+    a1.client().create_topic("moves", 1, &BTreeMap::new()).await.expect("create topic");
+    assert_eq!(writer_of(&state(&cluster).await.expect("state"), "moves", 0).0.as_deref(), Some("a1"));
+    a1.client().produce("moves", &messages(Some(0), "first", 50)).await.expect("produce");
+
+    // a1 stops without archiving (no compactor anywhere yet): a2 writes on after offset 49.
+    a1.stop();
+    let c2 = a2.client();
+    let second = wait_for("produce through a2", Duration::from_secs(10), || async {
+        c2.produce("moves", &messages(Some(0), "second", 20)).await.ok()
+    })
+    .await;
+    assert_eq!(second.first().map(|id| offset_of(id).1), Some(50));
+
+    // a1 comes back: it does not write the partition, but serves what it holds of it.
+    a1.restart();
+    let expected: Vec<(u64, String)> = (0..50)
+        .map(|i| format!("first-{i}"))
+        .chain((0..20).map(|i| format!("second-{i}")))
+        .enumerate()
+        .map(|(o, v)| (o as u64, v))
+        .collect();
+    let via2 = wait_for("a2 reads offsets 0..49 from a1", Duration::from_secs(10), || async {
+        let records = try_read_all(&c2, "moves", 0).await.ok()?;
+        (records.len() == 70).then_some(records)
+    })
+    .await;
+    assert_eq!(via2, expected);
+
+    // The compactor archives the segment from a1; a1 then drops its copy, and reads come from
+    // the bucket.
+    let _compactor = SiltDev::start_compactor(&cluster.addrs(), &objects);
+    wait_for("offsets 0..=49 archived", Duration::from_secs(30), || async {
+        let s = state(&cluster).await?;
+        s.topics["moves"].partitions[0]
+            .segments
+            .values()
+            .any(|seg| seg.object_key.is_some() && seg.last_offset == Some(49))
+            .then_some(())
+    })
+    .await;
+    let s = state(&cluster).await.expect("state");
+    let local =
+        a1.data_dir().join("agent").join("log").join(format!("moves~{}", s.topics["moves"].id)).join("0");
+    wait_for("a1 drops its archived copy", Duration::from_secs(10), || async {
+        (!local.exists()).then_some(())
+    })
+    .await;
+    assert_eq!(read_all(&a1.client(), "moves", 0).await, expected);
 }
