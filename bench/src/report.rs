@@ -1,0 +1,440 @@
+//! The results of one run (`result.json`) and their Markdown tables (`results.md`), where every
+//! Silt figure stands next to the peer's and the machine's limit as a ratio.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::latency::LatencySummary;
+use crate::limits::Limits;
+use crate::replay::ReplayResult;
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// When the run started, ms since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// Wall time of the whole run, seconds.
+    pub run_s: f64,
+    /// The machine.
+    pub machine: Machine,
+    /// Which settings each side ran with.
+    pub settings: Settings,
+    /// Limits measured before the systems ran.
+    pub limits_start: Limits,
+    /// Limits measured after the systems ran (their spread from the start is the machine's noise).
+    pub limits_end: Limits,
+    /// Produce workloads.
+    pub runs: Vec<RunResult>,
+    /// Replay workloads.
+    pub replays: Vec<ReplayEntry>,
+}
+
+/// What the machine was.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Machine {
+    /// Cores the run could use.
+    pub cores: usize,
+    /// Memory, GiB.
+    pub memory_gib: f64,
+    /// CPU model.
+    pub cpu: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Filesystem the systems wrote to (`df -T`).
+    pub filesystem: String,
+    /// 1-minute load average before and after the run.
+    pub load_average: [f64; 2],
+}
+
+/// Settings of each side.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Settings {
+    /// Silt: process, durability, client path.
+    pub silt: String,
+    /// The peer.
+    pub nats: String,
+    /// `nats-server --version`.
+    pub nats_version: String,
+    /// The load generator.
+    pub load: String,
+}
+
+/// One produce run: a system at one replication factor and one rate.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Workload name.
+    pub workload: String,
+    /// `silt` or `nats`.
+    pub system: String,
+    /// Replication factor.
+    pub replication: u32,
+    /// Whether it ran; if not, `reason` says why.
+    pub available: bool,
+    /// Why it did not run.
+    pub reason: Option<String>,
+    /// `max`, `50% of max` or `5000 msg/s`.
+    pub rate: String,
+    /// Rate asked for, messages per second (none for max).
+    pub target_msgs_per_s: Option<f64>,
+    /// Message value size.
+    pub message_bytes: usize,
+    /// Acknowledged messages per second in the window.
+    pub throughput_msgs_per_s: f64,
+    /// Acknowledged value bytes per second in the window, MB/s (10^6).
+    pub throughput_mb_per_s: f64,
+    /// Messages the consumers received per second in the window.
+    pub consume_msgs_per_s: f64,
+    /// Messages acknowledged in each second of the window.
+    pub per_second_msgs: Vec<u64>,
+    /// Standard deviation of the per-second throughput over its mean.
+    pub throughput_cv: f64,
+    /// Messages acknowledged, warm-up included.
+    pub produced_msgs: u64,
+    /// Messages the consumers received.
+    pub consumed_msgs: u64,
+    /// Failed produce requests.
+    pub produce_errors: u64,
+    /// The first produce failure.
+    pub first_error: Option<String>,
+    /// Consumer errors.
+    pub consume_errors: u64,
+    /// Produce-ack latency.
+    pub produce_ack: LatencySummary,
+    /// End-to-end latency (intended send to consumer).
+    pub end_to_end: LatencySummary,
+    /// Server CPU seconds per GB of message values acknowledged.
+    pub server_cpu_s_per_gb: f64,
+    /// Benchmark process (client) CPU seconds per GB.
+    pub client_cpu_s_per_gb: f64,
+    /// Peak resident memory of the servers (summed), MiB.
+    pub server_peak_rss_mib: f64,
+}
+
+/// One replay workload on one system.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplayEntry {
+    /// Workload name.
+    pub workload: String,
+    /// `silt` or `nats`.
+    pub system: String,
+    /// Replication factor.
+    pub replication: u32,
+    /// Whether it ran.
+    pub available: bool,
+    /// Why it did not run.
+    pub reason: Option<String>,
+    /// What it measured.
+    pub result: Option<ReplayResult>,
+}
+
+fn f(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("**{:.2}**", a / b),
+        _ => "–".into(),
+    }
+}
+
+fn mean(a: f64, b: f64) -> f64 {
+    (a + b) / 2.0
+}
+
+impl Report {
+    fn find(&self, workload: &str, system: &str, r: u32, rate: &str) -> Option<&RunResult> {
+        self.runs
+            .iter()
+            .find(|x| x.workload == workload && x.system == system && x.replication == r && x.rate == rate)
+    }
+
+    /// Mean of the start and end limits.
+    fn disk_bw(&self) -> f64 {
+        mean(self.limits_start.seq_write_fdatasync_mb_per_s, self.limits_end.seq_write_fdatasync_mb_per_s)
+    }
+
+    fn disk_lat(&self, pick: fn(&LatencySummary) -> f64) -> f64 {
+        mean(pick(&self.limits_start.write_4k_fdatasync), pick(&self.limits_end.write_4k_fdatasync))
+    }
+
+    /// The Markdown tables.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            s,
+            "Machine: {} cores ({}), {:.0} GiB, Linux {}, data on {}; load average {:.2} before, {:.2} after. \
+             Run took {:.0} s.\n",
+            m.cores, m.cpu, m.memory_gib, m.kernel, m.filesystem, m.load_average[0], m.load_average[1], self.run_s
+        );
+        let _ = writeln!(s, "- **Silt:** {}", self.settings.silt);
+        let _ = writeln!(s, "- **NATS JetStream** ({}): {}", self.settings.nats_version, self.settings.nats);
+        let _ = writeln!(s, "- **Load:** {}\n", self.settings.load);
+
+        // Limits.
+        let (a, b) = (&self.limits_start, &self.limits_end);
+        let _ = writeln!(s, "### Limits of this machine (plain programs, start and end of the run)\n");
+        let _ = writeln!(s, "| limit | start | end |\n|---|---|---|");
+        let _ = writeln!(
+            s,
+            "| sequential write, 8 MiB per write + fdatasync | {} MB/s | {} MB/s |",
+            f(a.seq_write_fdatasync_mb_per_s),
+            f(b.seq_write_fdatasync_mb_per_s)
+        );
+        let lat = |l: &LatencySummary| format!("{} / {} / {} ms", f(l.p50_ms), f(l.p99_ms), f(l.p999_ms));
+        let _ = writeln!(
+            s,
+            "| 4 KiB write + fdatasync, p50 / p99 / p999 | {} | {} |",
+            lat(&a.write_4k_fdatasync),
+            lat(&b.write_4k_fdatasync)
+        );
+        let _ = writeln!(
+            s,
+            "| loopback TCP, one stream | {} MB/s | {} MB/s |\n",
+            f(a.loopback_tcp_mb_per_s),
+            f(b.loopback_tcp_mb_per_s)
+        );
+
+        // Produce workloads.
+        let mut workloads: Vec<&str> = Vec::new();
+        for r in &self.runs {
+            if !workloads.contains(&r.workload.as_str()) {
+                workloads.push(&r.workload);
+            }
+        }
+        let mut notes: Vec<String> = Vec::new();
+        for w in &workloads {
+            let _ = writeln!(s, "### {w}\n");
+            let _ = writeln!(
+                s,
+                "At `max` the producers go flat out; `50% of max` is half of the lower of that run's \
+                 produce and consume rates (what the system sustained end to end), each system its own. \
+                 Ratios are Silt / the other column; for throughput higher is better, for latency, CPU and \
+                 memory lower is better. The limit for throughput is the disk's sequential fdatasync \
+                 bandwidth, for latency the disk's 4 KiB write + fdatasync at the same percentile \
+                 (means of start and end). ± is the spread of the per-second throughput (one standard \
+                 deviation).\n"
+            );
+            let _ = writeln!(
+                s,
+                "| rate | metric | Silt R=1 | NATS R=1 | Silt/NATS R=1 | NATS R=3 | Silt R=3 | Silt R=1/NATS R=3 | limit | Silt R=1/limit |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+            let mut rates: Vec<&str> = Vec::new();
+            for r in self.runs.iter().filter(|r| r.workload == *w) {
+                if !rates.contains(&r.rate.as_str()) {
+                    rates.push(&r.rate);
+                }
+            }
+            for rate in rates {
+                let silt = self.find(w, "silt", 1, rate).filter(|r| r.available);
+                let nats1 = self.find(w, "nats", 1, rate).filter(|r| r.available);
+                let nats3 = self.find(w, "nats", 3, rate).filter(|r| r.available);
+                let silt3 = self.find(w, "silt", 3, rate);
+                if let Some(reason) = silt3.and_then(|r| r.reason.clone()) {
+                    if !notes.contains(&reason) {
+                        notes.push(reason);
+                    }
+                }
+                let silt3_cell = |g: fn(&RunResult) -> f64| match silt3 {
+                    Some(r) if r.available => f(g(r)),
+                    _ => "n/a¹".into(),
+                };
+                type Getter = fn(&RunResult) -> f64;
+                let rows: [(&str, Getter, Option<f64>, &str); 12] = [
+                    ("produce MB/s", |r| r.throughput_mb_per_s, Some(self.disk_bw()), "MB/s"),
+                    ("produce msgs/s", |r| r.throughput_msgs_per_s, None, ""),
+                    ("consume msgs/s", |r| r.consume_msgs_per_s, None, ""),
+                    ("produce-ack p50 ms", |r| r.produce_ack.p50_ms, Some(self.disk_lat(|l| l.p50_ms)), "ms"),
+                    ("produce-ack p99 ms", |r| r.produce_ack.p99_ms, Some(self.disk_lat(|l| l.p99_ms)), "ms"),
+                    (
+                        "produce-ack p999 ms",
+                        |r| r.produce_ack.p999_ms,
+                        Some(self.disk_lat(|l| l.p999_ms)),
+                        "ms",
+                    ),
+                    ("end-to-end p50 ms", |r| r.end_to_end.p50_ms, Some(self.disk_lat(|l| l.p50_ms)), "ms"),
+                    ("end-to-end p99 ms", |r| r.end_to_end.p99_ms, Some(self.disk_lat(|l| l.p99_ms)), "ms"),
+                    (
+                        "end-to-end p999 ms",
+                        |r| r.end_to_end.p999_ms,
+                        Some(self.disk_lat(|l| l.p999_ms)),
+                        "ms",
+                    ),
+                    ("server CPU s per GB", |r| r.server_cpu_s_per_gb, None, ""),
+                    ("client CPU s per GB", |r| r.client_cpu_s_per_gb, None, ""),
+                    ("server peak RSS MiB", |r| r.server_peak_rss_mib, None, ""),
+                ];
+                for (i, (name, get, limit, unit)) in rows.iter().enumerate() {
+                    let cell = |r: Option<&RunResult>| match r {
+                        Some(r) if i == 0 => format!("{} ±{:.0}%", f(get(r)), r.throughput_cv * 100.0),
+                        Some(r) => f(get(r)),
+                        None => "–".into(),
+                    };
+                    let sv = silt.map(get);
+                    let _ = writeln!(
+                        s,
+                        "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        if i == 0 { rate } else { "" },
+                        cell(silt),
+                        cell(nats1),
+                        ratio(sv, nats1.map(get)),
+                        cell(nats3),
+                        silt3_cell(*get),
+                        ratio(sv, nats3.map(get)),
+                        limit.map_or("–".into(), |l| format!("{} {unit}", f(l))),
+                        ratio(sv, *limit),
+                    );
+                }
+            }
+            for r in self.runs.iter().filter(|r| r.workload == *w && r.available) {
+                if r.produce_errors > 0 || r.consume_errors > 0 || r.consumed_msgs < r.produced_msgs {
+                    let _ = writeln!(
+                        s,
+                        "\n{} R={} at {}: {} produce errors{}, {} consumer errors, {} of {} acknowledged messages consumed.",
+                        r.system,
+                        r.replication,
+                        r.rate,
+                        r.produce_errors,
+                        r.first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})")),
+                        r.consume_errors,
+                        r.consumed_msgs,
+                        r.produced_msgs
+                    );
+                }
+            }
+            let _ = writeln!(s);
+        }
+
+        // Replays.
+        for e in self.replays.iter().filter(|e| e.system == "silt" && e.replication == 1) {
+            let _ = writeln!(s, "### {}\n", e.workload);
+            let Some(r) = &e.result else {
+                let _ = writeln!(s, "Not run: {}\n", e.reason.clone().unwrap_or_default());
+                continue;
+            };
+            let r3 = self
+                .replays
+                .iter()
+                .find(|x| x.workload == e.workload && x.system == "silt" && x.replication == 3);
+            if let Some(reason) = r3.and_then(|x| x.reason.clone()) {
+                if !notes.contains(&reason) {
+                    notes.push(reason);
+                }
+            }
+            let peer = self.replays.iter().find(|x| x.workload == e.workload && x.system == "nats");
+            let _ = writeln!(
+                s,
+                "{} messages ({} MiB of values) written, archived as {} Parquet objects, local copies dropped, \
+                 then replayed through the replay API, one reader per partition. Written in {:.1} s, all \
+                 archived {:.1} s after the first write. The cold reader fetched {:.2}× the object bytes \
+                 from the bucket while replaying (1 means every byte came from the bucket).\n",
+                r.messages,
+                r.value_bytes >> 20,
+                r.objects,
+                r.produce_s,
+                r.archive_s,
+                r.cold_fetched_fraction
+            );
+            let _ = writeln!(
+                s,
+                "| metric | Silt R=1 | Silt R=3 | limit | Silt R=1/limit |\n|---|---|---|---|---|"
+            );
+            let _ = writeln!(
+                s,
+                "| replay, object bytes per second | {} MB/s | n/a¹ | raw GET of the same objects: {} MB/s | {} |",
+                f(r.replay_object_mb_per_s),
+                f(r.raw_get_mb_per_s),
+                ratio(Some(r.replay_object_mb_per_s), Some(r.raw_get_mb_per_s))
+            );
+            let rows = [
+                ("replay, message values per second", format!("{} MB/s", f(r.replay_value_mb_per_s))),
+                ("replay, messages per second", f(r.replay_msgs_per_s)),
+                ("PUTs per GiB of values (archiving)", f(r.puts_per_gib)),
+                ("GETs per GiB of values (replay)", f(r.gets_per_gib)),
+                ("Parquet size / segment size", format!("{:.3}", r.parquet_size_ratio)),
+                ("server CPU s per GB, write + archive", f(r.write_and_archive_cpu_s_per_gb)),
+                ("server CPU s per GB, replay", f(r.replay_cpu_s_per_gb)),
+                ("server peak RSS while replaying, MiB", f(r.replay_peak_rss_mib)),
+            ];
+            for (name, v) in rows {
+                let _ = writeln!(s, "| {name} | {v} | n/a¹ | – | – |");
+            }
+            if let Some(p) = peer.and_then(|p| p.reason.clone()) {
+                let _ = writeln!(s, "\nPeer: {p}");
+            }
+            let _ = writeln!(s);
+        }
+
+        // Targets.
+        let _ = writeln!(s, "### Targets\n\n| target | measured | met |\n|---|---|---|");
+        let w16 = "1-topic-16-partitions-1kb";
+        let silt_max = self.find(w16, "silt", 1, "max").filter(|r| r.available);
+        let nats3_max = self.find(w16, "nats", 3, "max").filter(|r| r.available);
+        let silt3_max = self.find(w16, "silt", 3, "max").filter(|r| r.available);
+        match (silt3_max, nats3_max) {
+            (Some(a), Some(b)) => {
+                let v = a.throughput_mb_per_s / b.throughput_mb_per_s;
+                let _ = writeln!(
+                    s,
+                    "| R=3 produce throughput ≥ 0.8 × NATS R=3 ({w16}) | {v:.2} | {} |",
+                    yes(v >= 0.8)
+                );
+            }
+            _ => {
+                let reference =
+                    ratio(silt_max.map(|r| r.throughput_mb_per_s), nats3_max.map(|r| r.throughput_mb_per_s));
+                let _ = writeln!(
+                    s,
+                    "| R=3 produce throughput ≥ 0.8 × NATS R=3 ({w16}) | not measurable: Silt R=3 not available¹ \
+                     (Silt R=1 / NATS R=3: {reference}) | – |"
+                );
+            }
+        }
+        for w in &workloads {
+            if let Some(r) = self.find(w, "silt", 1, "50% of max").filter(|r| r.available) {
+                let v = r.produce_ack.p99_ms / self.disk_lat(|l| l.p99_ms);
+                let _ = writeln!(
+                    s,
+                    "| produce-ack p99 at 50% of max ≤ 2 × disk 4 KiB write + fdatasync p99 ({w}) | {v:.2} × | {} |",
+                    yes(v <= 2.0)
+                );
+            }
+        }
+        for e in self.replays.iter().filter(|e| e.system == "silt" && e.replication == 1) {
+            if let Some(r) = &e.result {
+                let _ = writeln!(
+                    s,
+                    "| cold replay ≥ 0.5 × raw GET from the same store ({}) | {:.2} | {} |",
+                    e.workload,
+                    r.replay_to_get,
+                    yes(r.replay_to_get >= 0.5)
+                );
+            }
+        }
+        for (i, n) in notes.iter().enumerate() {
+            let _ = writeln!(s, "\n{} {n}", if i == 0 { "¹" } else { "" });
+        }
+        s
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
