@@ -546,6 +546,28 @@ impl Agent {
             }
         }
         self.checkpoint_acks().await;
+        // A partition whose open segment only this agent holds (its writer could not close it)
+        // must come back here: leaving would hand it to an agent that cannot recover it. The
+        // lease lapses instead, and metadata gives it back when this agent registers again.
+        let me = self.inner.config.agent_id.clone();
+        let holding = self.inner.metadata.read(move |s| {
+            s.topics
+                .values()
+                .flat_map(|t| t.partitions.iter())
+                .filter_map(|p| p.open_segment())
+                .any(|seg| seg.ensemble.iter().all(|a| *a == me) && !seg.ensemble.is_empty())
+        });
+        match holding.await {
+            Ok(false) => {}
+            Ok(true) => {
+                warn!("an open segment only this agent holds is still open; not deregistering, the lease will lapse");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot check this agent's open segments; not deregistering, the lease will lapse");
+                return;
+            }
+        }
         let leave = Command::DeregisterAgent {
             agent: self.inner.config.agent_id.clone(),
             incarnation: self.inner.incarnation.load(Ordering::SeqCst),
