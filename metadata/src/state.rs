@@ -910,7 +910,8 @@ mod tests {
         let old_id = s.topics["t"].id;
         assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
         create(&mut s, "t", 1);
-        let claim = Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "b".into(), expected_epoch: None };
+        let claim =
+            Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "b".into(), expected_epoch: None };
         assert!(matches!(s.apply(&claim), Response::Epoch { epoch: 1 }));
         let open = |topic_id| Command::OpenSegment {
             topic: "t".into(),
@@ -936,7 +937,10 @@ mod tests {
             max_timestamp_ms: None,
             now_ms: 2,
         };
-        assert!(matches!(s.apply(&seal), Response::Error { .. }), "the old writer cannot seal the new segment");
+        assert!(
+            matches!(s.apply(&seal), Response::Error { .. }),
+            "the old writer cannot seal the new segment"
+        );
         assert_eq!(s, before);
         s.apply(&Command::JoinGroup {
             group: "g".into(),
@@ -955,7 +959,10 @@ mod tests {
             floor: 10,
             acked: vec![],
         };
-        assert!(matches!(s.apply(&acks), Response::Error { .. }), "old ack floors do not apply to the new topic");
+        assert!(
+            matches!(s.apply(&acks), Response::Error { .. }),
+            "old ack floors do not apply to the new topic"
+        );
         assert_eq!(s, before_acks);
     }
 
