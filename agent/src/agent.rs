@@ -1045,15 +1045,27 @@ impl Agent {
         let mut records = Vec::new();
         let mut next = offset;
         // Cold part: offsets below what this agent holds locally.
+        let mut refreshed = false;
         while records.len() < max_records && next < reader.log_start() {
             let Some(part) = self.partition_meta(topic, partition) else { break };
             let location = locate(&part, next);
             if let Location::Hot { base_offset } = location {
                 // Written before this agent took the partition over, not archived yet.
                 let Some(seg) = part.segments.get(&base_offset) else { break };
-                let got = self
+                let got = match self
                     .read_elsewhere(topic, partition, next, max_records - records.len(), &seg.ensemble)
-                    .await?;
+                    .await
+                {
+                    Ok(got) => got,
+                    // The holders may have dropped it because it is archived by now, which this
+                    // agent's metadata copy does not show yet: catch up once and look again.
+                    Err(_) if !refreshed => {
+                        refreshed = true;
+                        self.inner.metadata.read(|_| ()).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let Some(last) = got.last() else { break };
                 next = last.offset + 1;
                 records.extend(got);
