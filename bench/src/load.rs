@@ -147,6 +147,28 @@ struct ProducerState {
     first_error: Option<String>,
 }
 
+/// `len` bytes of random text (the 64 characters of base64), different on every call: message
+/// values that compress like real text rather than to nothing. A xorshift generator, so that
+/// making a GiB of them costs little client CPU.
+pub fn random_text(len: usize, state: &mut u64) -> Bytes {
+    const CHARS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        let mut x = *state;
+        for _ in 0..10 {
+            if out.len() == len {
+                break;
+            }
+            out.push(CHARS[(x & 63) as usize]);
+            x >>= 6;
+        }
+    }
+    Bytes::from(out)
+}
+
 /// Random printable filler for message values (alphanumeric, as readable text in JSON).
 pub fn filler(len: usize) -> Bytes {
     const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -277,6 +299,14 @@ async fn producer_task(
             }
         }
         let sent_at = Instant::now();
+        // Like a real client's accumulator, messages that came due while the request waited
+        // for a free slot join it, up to the batch size.
+        let mut n = n;
+        if rate.is_some() {
+            while n < u64::from(plan.batch_messages) && at(k + n) <= sent_at && at(k + n) < window.end {
+                n += 1;
+            }
+        }
         let intended: Vec<Instant> = match rate {
             Some(_) => (k..k + n).map(at).collect(),
             None => vec![sent_at; n as usize],
@@ -373,6 +403,16 @@ mod tests {
         assert_eq!(p.len(), 32);
         assert_eq!(read_stamp(&p), Some(t));
         assert_eq!(read_stamp(b"short"), None);
+    }
+
+    #[test]
+    fn random_text_differs_and_stays_printable() {
+        let mut state = 7;
+        let a = random_text(1000, &mut state);
+        let b = random_text(1000, &mut state);
+        assert_eq!(a.len(), 1000);
+        assert_ne!(a, b);
+        assert!(a.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/'));
     }
 
     #[tokio::test]

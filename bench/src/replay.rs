@@ -14,7 +14,7 @@ use object_store::ObjectStore;
 use serde::Serialize;
 use silt::client::Client;
 
-use crate::load::{filler, ProduceTarget};
+use crate::load::{random_text, ProduceTarget};
 use crate::proc_stats::ProcMark;
 use crate::silt_system::{SiltProducer, SiltServer};
 use crate::workload::{ReplaySpec, Workload};
@@ -123,11 +123,10 @@ pub async fn run(
     let mark = ProcMark::start(&[server.pid()])?;
     let start = Instant::now();
     let target = Arc::new(SiltProducer { client: client.clone(), topic: topic.to_string() });
-    let body = filler(w.message_bytes);
     let per_producer = messages.div_ceil(u64::from(spec.producers));
     let writers = (0..spec.producers).map(|p| {
         let target = Arc::clone(&target);
-        let body = body.clone();
+        let message_bytes = w.message_bytes;
         let partitions = w.partitions;
         let batch = u64::from(spec.batch_messages);
         async move {
@@ -135,9 +134,10 @@ pub async fn run(
             let end = (first + per_producer).min(messages);
             let mut k = first;
             let mut turn = p;
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(p) + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
             while k < end {
                 let n = batch.min(end - k);
-                let payloads: Vec<Bytes> = (0..n).map(|_| body.clone()).collect();
+                let payloads: Vec<Bytes> = (0..n).map(|_| random_text(message_bytes, &mut rng)).collect();
                 target.send(turn % partitions, payloads).await?;
                 turn += spec.producers;
                 k += n;
