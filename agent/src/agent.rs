@@ -204,6 +204,8 @@ struct Inner {
     /// Local logs of partitions this agent held but no longer writes, by topic and partition,
     /// with the topic id: they stay readable (for reads and the compactor) until archived.
     retired: RwLock<HashMap<(String, u32), Retired>>,
+    /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
+    instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
     incarnation: std::sync::atomic::AtomicU64,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
@@ -233,6 +235,33 @@ pub struct Archive {
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The id of this agent's data directory: made once (random enough: time and process id),
+/// kept in `<data_dir>/instance`. A wiped directory gets a new one.
+fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
+    let path = data_dir.join("instance");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StoreError::io(&path, "read", e)),
+    }
+    std::fs::create_dir_all(data_dir).map_err(|e| StoreError::io(data_dir, "create directory", e))?;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let id = format!("{nanos:x}-{:x}", std::process::id());
+    let tmp = data_dir.join("instance.tmp");
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(id.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()
+    };
+    write().map_err(|e| StoreError::io(&path, "write", e))?;
+    Ok(id)
 }
 
 /// Reads up to `want` records of a local log from `offset` on the blocking pool. Returns the
@@ -290,6 +319,7 @@ impl Agent {
         let cold = archive.as_ref().map(|a| Arc::clone(&a.cold));
         let archive_store = archive.map(|a| (a.store, a.prefix));
         let peers = Peers::new(&config.agent_id);
+        let instance = instance_id(&config.data_dir)?;
         let agent = Agent {
             inner: Arc::new(Inner {
                 peers,
@@ -299,6 +329,7 @@ impl Agent {
                 partitions: RwLock::new(HashMap::new()),
                 writers: tokio::sync::Mutex::new(HashMap::new()),
                 retired: RwLock::new(HashMap::new()),
+                instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
                 heartbeats: Mutex::new(HashMap::new()),
@@ -311,7 +342,21 @@ impl Agent {
                 archive_store,
             }),
         };
-        agent.register().await?;
+        // Another data directory may still hold this id (a replacement started while the old
+        // process is paused): wait for its lease to lapse rather than take the id from it.
+        loop {
+            match agent.register().await {
+                Ok(()) => break,
+                Err(MetadataError::InvalidArgument(m)) if m.contains("another data directory") => {
+                    warn!(reason = %m, "waiting to register");
+                    tokio::select! {
+                        () = agent.inner.cancel.cancelled() => return Err(StoreError::ShuttingDown),
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let (topics, next_topic_id): (Vec<Topic>, u64) =
             agent.inner.metadata.read(|s| (s.topics.values().cloned().collect(), s.next_topic_id)).await?;
         agent.remove_stale_topic_dirs(&topics, next_topic_id);
@@ -338,6 +383,7 @@ impl Agent {
             .metadata
             .write(Command::RegisterAgent {
                 agent: config.agent_id.clone(),
+                instance: self.inner.instance.clone(),
                 addr: config.advertise_addr.clone(),
                 lease_ms: config.lease.as_millis() as u64,
                 now_ms: now_ms(),
@@ -1045,58 +1091,69 @@ impl Agent {
         let mut records = Vec::new();
         let mut next = offset;
         // Cold part: offsets below what this agent holds locally.
-        let mut refreshed = false;
-        while records.len() < max_records && next < reader.log_start() {
-            let Some(part) = self.partition_meta(topic, partition) else { break };
-            let location = locate(&part, next);
-            if let Location::Hot { base_offset } = location {
-                // Written before this agent took the partition over, not archived yet.
-                let Some(seg) = part.segments.get(&base_offset) else { break };
-                let got = match self
-                    .read_elsewhere(topic, partition, next, max_records - records.len(), &seg.ensemble)
-                    .await
-                {
-                    Ok(got) => got,
-                    // The holders may have dropped it because it is archived by now, which this
-                    // agent's metadata copy does not show yet: catch up once and look again.
-                    Err(_) if !refreshed => {
-                        refreshed = true;
-                        self.inner.metadata.read(|_| ()).await?;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let Some(last) = got.last() else { break };
-                next = last.offset + 1;
-                records.extend(got);
-                continue;
-            }
-            let Some(cold) = &self.inner.cold else { break };
-            match location {
-                Location::Cold { object_key, object_bytes, last_offset, .. } => {
-                    let got = cold
-                        .read(&object_key, object_bytes, next, max_records - records.len())
-                        .await
-                        .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
-                    next = got.last().map_or(last_offset + 1, |r| r.offset + 1);
-                    records.extend(got);
-                }
-                Location::Gone { earliest } if earliest > next => next = earliest,
-                _ => break,
-            }
-        }
         let labels = Metrics::topic(topic);
-        self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
-        if records.len() >= max_records {
-            let hwm = reader.high_watermark();
-            return Ok((records, next, hwm));
+        let mut refreshed = false;
+        let mut attempts = 0;
+        loop {
+            while records.len() < max_records && next < reader.log_start() {
+                let Some(part) = self.partition_meta(topic, partition) else { break };
+                let location = locate(&part, next);
+                if let Location::Hot { base_offset } = location {
+                    // Written before this agent took the partition over, not archived yet.
+                    let Some(seg) = part.segments.get(&base_offset) else { break };
+                    let got = match self
+                        .read_elsewhere(topic, partition, next, max_records - records.len(), &seg.ensemble)
+                        .await
+                    {
+                        Ok(got) => got,
+                        // The holders may have dropped it because it is archived by now, which this
+                        // agent's metadata copy does not show yet: catch up once and look again.
+                        Err(_) if !refreshed => {
+                            refreshed = true;
+                            self.inner.metadata.read(|_| ()).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    let Some(last) = got.last() else { break };
+                    next = last.offset + 1;
+                    records.extend(got);
+                    continue;
+                }
+                let Some(cold) = &self.inner.cold else { break };
+                match location {
+                    Location::Cold { object_key, object_bytes, last_offset, .. } => {
+                        let got = cold
+                            .read(&object_key, object_bytes, next, max_records - records.len())
+                            .await
+                            .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                        next = got.last().map_or(last_offset + 1, |r| r.offset + 1);
+                        records.extend(got);
+                    }
+                    Location::Gone { earliest } if earliest > next => next = earliest,
+                    _ => break,
+                }
+            }
+            if records.len() >= max_records {
+                self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
+                return Ok((records, next, reader.high_watermark()));
+            }
+            let want = max_records - records.len();
+            match read_hot(Arc::clone(&reader), next, want).await {
+                Ok((hot, next, hwm, bytes)) => {
+                    records.extend(hot);
+                    self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
+                    self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
+                    return Ok((records, next, hwm));
+                }
+                // The local copy of these offsets was dropped (archived) while this read ran:
+                // read them from where they are now.
+                Err(e) if e.code == "offset_out_of_range" && next < reader.log_start() && attempts < 3 => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let want = max_records - records.len();
-        let (hot, next, hwm, bytes) = read_hot(reader, next, want).await?;
-        self.inner.metrics.records_out.get_or_create(&labels).inc_by(hot.len() as u64);
-        self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
-        records.extend(hot);
-        Ok((records, next, hwm))
     }
 
     /// Every record of a sealed segment from the local log (what the compactor archives).

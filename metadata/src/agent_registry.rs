@@ -1,8 +1,10 @@
 //! Agents, their leases, and which agent writes each partition.
 //!
 //! Part of the state machine: every function here runs inside `MetadataState::apply`, so it
-//! is deterministic and judges time only by the proposers' clocks carried in the commands
-//! (`MetadataState::clock_ms`, the newest seen, so time never runs backwards).
+//! is deterministic and judges time only by the clock carried in the commands, which the
+//! metadata leader stamps with its own when it proposes them (`Command::stamp_clock`);
+//! `MetadataState::clock_ms` keeps the newest seen, so time never runs backwards across
+//! leaders either.
 //!
 //! An agent registers (a new incarnation, a lease), then heartbeats. Every partition has at
 //! most one writer; when the writer's lease lapses (or it deregisters), the next command that
@@ -47,6 +49,9 @@ pub struct AgentInfo {
     pub registered_ms: u64,
     /// The last heartbeat (or registration).
     pub last_heartbeat_ms: u64,
+    /// The data directory the current incarnation runs on (see `Command::RegisterAgent`).
+    #[serde(default)]
+    pub instance: String,
     /// It deregistered: its lease ended then, whatever `lease_ms` says.
     #[serde(default)]
     pub left: bool,
@@ -72,6 +77,7 @@ impl MetadataState {
     pub(crate) fn register_agent(
         &mut self,
         agent: &str,
+        instance: &str,
         addr: &str,
         lease_ms: u64,
         now_ms: u64,
@@ -93,8 +99,19 @@ impl MetadataState {
                 "the cluster already has {AGENTS_MAX} registered agents"
             )));
         }
+        let now = self.clock_ms.max(now_ms);
+        if let Some(a) = self.agents.get(agent) {
+            let other = !a.instance.is_empty() && !instance.is_empty() && a.instance != instance;
+            if other && a.is_live(now) {
+                let left = (a.last_heartbeat_ms + a.lease_ms).saturating_sub(now);
+                return Err(MetadataError::InvalidArgument(format!(
+                    "agent id '{agent}' is in use by another data directory (at {}, lease for {left} more ms); \
+                     give this agent another --id, or wait for that one's lease to lapse",
+                    a.addr
+                )));
+            }
+        }
         self.advance_clock(now_ms);
-        let now = self.clock_ms;
         let incarnation = self.agents.get(agent).map_or(1, |a| a.incarnation + 1);
         self.agents.insert(
             agent.to_string(),
@@ -105,6 +122,7 @@ impl MetadataState {
                 lease_ms,
                 registered_ms: now,
                 last_heartbeat_ms: now,
+                instance: instance.to_string(),
                 left: false,
             },
         );
@@ -222,6 +240,7 @@ mod tests {
     fn register(s: &mut MetadataState, agent: &str, now_ms: u64) -> u64 {
         let r = s.apply(&Command::RegisterAgent {
             agent: agent.into(),
+            instance: String::new(),
             addr: format!("127.0.0.1:{}", 7000 + agent.len()),
             lease_ms: 1000,
             now_ms,
@@ -396,6 +415,52 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_stamps_its_clock_on_lease_commands() {
+        let mut heartbeat = Command::AgentHeartbeat { agent: "a".into(), incarnation: 1, now_ms: 5 };
+        heartbeat.stamp_clock(1_000);
+        assert_eq!(heartbeat, Command::AgentHeartbeat { agent: "a".into(), incarnation: 1, now_ms: 1_000 });
+        let mut seal = Command::SealSegment {
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch: 1,
+            base_offset: 0,
+            record_count: 1,
+            size_bytes: 1,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 5,
+        };
+        let before = seal.clone();
+        seal.stamp_clock(1_000);
+        assert_eq!(seal, before, "only commands whose clock decides something are stamped");
+    }
+
+    #[test]
+    fn a_live_id_is_refused_to_another_data_directory() {
+        let mut s = MetadataState::default();
+        let reg = |instance: &str, now_ms| Command::RegisterAgent {
+            agent: "a".into(),
+            instance: instance.into(),
+            addr: "h:1".into(),
+            lease_ms: 1000,
+            now_ms,
+        };
+        assert_eq!(s.apply(&reg("dir-1", 0)), Response::Registered { incarnation: 1 });
+        // The same directory (a restart) registers again at once.
+        assert_eq!(s.apply(&reg("dir-1", 10)), Response::Registered { incarnation: 2 });
+        let before = s.clone();
+        let refused = s.apply(&reg("dir-2", 20));
+        assert!(
+            matches!(&refused, Response::Error { error } if error.to_string().contains("another data directory")),
+            "{refused:?}"
+        );
+        assert_eq!(s, before);
+        // Once that lease lapsed, the id is free.
+        assert_eq!(s.apply(&reg("dir-2", 1011)), Response::Registered { incarnation: 3 });
+    }
+
+    #[test]
     fn bad_registrations_change_nothing() {
         let mut s = MetadataState::default();
         for (agent, addr, lease_ms) in [
@@ -406,6 +471,7 @@ mod tests {
             ("a", "h:1", 10_000_000),
         ] {
             let r = s.apply(&Command::RegisterAgent {
+                instance: String::new(),
                 agent: agent.into(),
                 addr: addr.into(),
                 lease_ms,

@@ -157,6 +157,11 @@ pub(crate) enum LeaderError {
     Invalid(String),
 }
 
+/// This node's clock, in ms since the Unix epoch.
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 impl MetadataNode {
     /// Opens the node stored in `dir` (created if missing) with default options. A fresh
     /// directory becomes a single-node cluster of `node_id` reachable at `addr`; an existing one
@@ -317,7 +322,8 @@ impl MetadataNode {
     /// ([`REQUEST_TIMEOUT`] by default), or the node stopped. After a timeout the command may
     /// still be applied later, so commands should be safe to retry (epochs and expected values
     /// make them so).
-    pub async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
+    pub async fn write(&self, mut cmd: Command) -> Result<Response, MetadataError> {
+        cmd.stamp_clock(wall_clock_ms());
         let written =
             tokio::time::timeout(self.request_timeout, self.raft.client_write(cmd)).await.map_err(|_| {
                 MetadataError::Unavailable(format!(
@@ -339,7 +345,8 @@ impl MetadataNode {
     /// whether a failed proposal can have taken effect. `NotLeader` is certain: openraft
     /// answers it only for entries it never appended or cut from the log, and a committed entry
     /// is never cut.
-    pub(crate) async fn propose(&self, cmd: Command, timeout: Duration) -> Result<Response, LeaderError> {
+    pub(crate) async fn propose(&self, mut cmd: Command, timeout: Duration) -> Result<Response, LeaderError> {
+        cmd.stamp_clock(wall_clock_ms());
         match tokio::time::timeout(timeout, self.raft.client_write(cmd)).await {
             Err(_) => Err(LeaderError::Unknown(format!(
                 "the write was proposed by metadata node {} but not committed within {} ms (no quorum? {}); \

@@ -358,6 +358,10 @@ pub enum Command {
     RegisterAgent {
         /// Agent id.
         agent: String,
+        /// Identifies the agent's data directory (made once, kept in it). While the id's
+        /// current incarnation is live, only the same data directory may register it again.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        instance: String,
         /// Where other agents and clients reach it (`host:port`).
         addr: String,
         /// The lease lapses this long after the last heartbeat.
@@ -418,6 +422,24 @@ pub enum Response {
         /// Why.
         error: MetadataError,
     },
+}
+
+impl Command {
+    /// Replaces the proposer's clock with `now_ms` (the metadata leader's) in the commands
+    /// whose clock decides something: leases (agents), topic creation (which names writers by
+    /// lease) and group membership (session timeouts). Agents' clocks may disagree; the
+    /// leader's, kept monotonic by `MetadataState::clock_ms`, is the one clock leases are
+    /// judged by.
+    pub fn stamp_clock(&mut self, now: u64) {
+        match self {
+            Command::RegisterAgent { now_ms, .. }
+            | Command::AgentHeartbeat { now_ms, .. }
+            | Command::DeregisterAgent { now_ms, .. }
+            | Command::CreateTopic { now_ms, .. }
+            | Command::JoinGroup { now_ms, .. } => *now_ms = now,
+            _ => {}
+        }
+    }
 }
 
 impl Response {
@@ -753,8 +775,8 @@ impl MetadataState {
                 }
                 Ok(Response::Ok)
             }
-            Command::RegisterAgent { agent, addr, lease_ms, now_ms } => {
-                self.register_agent(agent, addr, *lease_ms, *now_ms)
+            Command::RegisterAgent { agent, instance, addr, lease_ms, now_ms } => {
+                self.register_agent(agent, instance, addr, *lease_ms, *now_ms)
             }
             Command::AgentHeartbeat { agent, incarnation, now_ms } => {
                 self.heartbeat_agent(agent, *incarnation, *now_ms)
