@@ -672,29 +672,30 @@ impl Agent {
                 .filter(|r| r.topic_id == t.id && r.epoch == epoch)
                 .map(|r| r.handle.clone())
         };
-        let t = self.topic(topic).await?;
-        let Some(meta) = t.partitions.get(partition as usize) else {
-            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+        // The running writer if it matches metadata, else the epoch to start one at (or why not).
+        let decide = |t: &Topic| -> Result<Result<PartitionHandle, u64>, ApiError> {
+            let Some(meta) = t.partitions.get(partition as usize) else {
+                return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+            };
+            if let Some(h) = current(self, t, meta.epoch) {
+                return Ok(Ok(h));
+            }
+            if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
+                return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
+            }
+            Ok(Err(meta.epoch))
         };
-        if let Some(h) = current(self, &t, meta.epoch) {
+        if let Ok(h) = decide(&self.topic(topic).await?)? {
             return Ok(h);
-        }
-        if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
-            return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
         }
         let mut writers = self.inner.writers.lock().await;
         // Metadata may have moved on while this call waited for the lock: decide on what it
         // says now, and never replace a writer of a newer epoch with an older one.
         let t = self.topic_local(topic)?;
-        let Some(meta) = t.partitions.get(partition as usize) else {
-            return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+        let epoch = match decide(&t)? {
+            Ok(h) => return Ok(h),
+            Err(epoch) => epoch,
         };
-        if let Some(h) = current(self, &t, meta.epoch) {
-            return Ok(h);
-        }
-        if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
-            return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
-        }
         if self.inner.cancel.is_cancelled() {
             return Err(ApiError::unavailable("the agent is shutting down"));
         }
@@ -704,7 +705,7 @@ impl Agent {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
-            .is_some_and(|r| r.topic_id == t.id && r.epoch > meta.epoch);
+            .is_some_and(|r| r.topic_id == t.id && r.epoch > epoch);
         if newer {
             return Err(ApiError::unavailable(format!(
                 "partition {topic}/{partition}: this agent's metadata copy is behind its writer; retry"
@@ -738,7 +739,7 @@ impl Agent {
         let (handle, task) = partition_writer::start(
             log,
             config,
-            meta.epoch,
+            epoch,
             self.inner.metadata.clone(),
             Arc::clone(&self.inner.metrics),
             cancel.clone(),
@@ -749,7 +750,7 @@ impl Agent {
             .partitions
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key, Running { topic_id: t.id, epoch: meta.epoch, handle: handle.clone() });
+            .insert(key, Running { topic_id: t.id, epoch, handle: handle.clone() });
         Ok(handle)
     }
 
@@ -1307,15 +1308,7 @@ impl Agent {
             let archived = self.inner.metadata.read_local(|s| {
                 let Some(t) = s.topics.get(&topic).filter(|t| t.id == topic_id) else { return true };
                 let Some(p) = t.partitions.get(partition as usize) else { return true };
-                let start = p.segments.keys().next().copied().unwrap_or(0);
-                ranges.iter().all(|&(first, last)| {
-                    last < start
-                        || p.segments.values().any(|seg| {
-                            seg.state == silt_metadata::state::SegmentState::Archived
-                                && seg.base_offset <= first
-                                && seg.last_offset.is_some_and(|l| l >= last)
-                        })
-                })
+                ranges.iter().all(|&(first, last)| p.is_archived(first, last))
             });
             if !archived {
                 continue;

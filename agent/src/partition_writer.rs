@@ -289,18 +289,10 @@ impl PartitionWriter {
         let covered = self
             .metadata
             .read(move |s| {
-                let Some(p) = s.topics.get(&topic).and_then(|t| t.partitions.get(partition as usize)) else {
-                    return false;
-                };
-                let start = p.segments.keys().next().copied().unwrap_or(0);
-                ranges.iter().all(|&(first, last)| {
-                    last < start
-                        || p.segments.values().any(|seg| {
-                            seg.state == silt_metadata::state::SegmentState::Archived
-                                && seg.base_offset <= first
-                                && seg.last_offset.is_some_and(|l| l >= last)
-                        })
-                })
+                s.topics
+                    .get(&topic)
+                    .and_then(|t| t.partitions.get(partition as usize))
+                    .is_some_and(|p| ranges.iter().all(|&(first, last)| p.is_archived(first, last)))
             })
             .await?;
         Ok(covered)

@@ -233,32 +233,40 @@ impl Peers {
     /// Reads records of a partition from its writer (which reads the archive too).
     pub async fn read(
         &self,
-        (agent, addr): (&str, &str),
+        agent: (&str, &str),
         topic: &str,
         partition: u32,
         offset: u64,
         max: usize,
     ) -> Result<WirePage, ApiError> {
-        let request = self
-            .http
-            .get(Self::url(addr, &format!("/internal/v1/topics/{topic}/partitions/{partition}/records")))
-            .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
-        self.send(agent, addr, request, Duration::ZERO).await
+        self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/records"), offset, max)
+            .await
     }
 
     /// Reads records an agent holds in its local log of a partition, whether or not it writes
     /// the partition.
     pub async fn read_held(
         &self,
-        (agent, addr): (&str, &str),
+        agent: (&str, &str),
         topic: &str,
         partition: u32,
         offset: u64,
         max: usize,
     ) -> Result<WirePage, ApiError> {
+        self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held"), offset, max)
+            .await
+    }
+
+    async fn page(
+        &self,
+        (agent, addr): (&str, &str),
+        path: &str,
+        offset: u64,
+        max: usize,
+    ) -> Result<WirePage, ApiError> {
         let request = self
             .http
-            .get(Self::url(addr, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held")))
+            .get(Self::url(addr, path))
             .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
         self.send(agent, addr, request, Duration::ZERO).await
     }

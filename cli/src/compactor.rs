@@ -12,20 +12,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::routing::get;
-use object_store::ObjectStore;
 use silt_agent::peer::Peers;
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};
 use silt_metadata::{Metadata, MetadataClient, RemoteMetadata};
 use silt_record::Record;
-use silt_tiering::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
-use silt_tiering::instrumented_object_store::InstrumentedObjectStore;
-use silt_tiering::retrying_object_store::RetryingObjectStore;
-use silt_tiering::store_url::object_store_from_url;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::dev::{init_tracing, shutdown_signal, FAULTS_ENV};
+use crate::dev::{init_tracing, open_archive, shutdown_signal};
 
 /// Most records asked of an agent per request while reading a segment.
 const PAGE_RECORDS: usize = 10_000;
@@ -131,18 +126,7 @@ impl AgentsOverHttp {
 pub async fn run(config: CompactorProcessConfig) -> Result<()> {
     init_tracing();
     let url = config.object_store.clone();
-    let archive =
-        object_store_from_url(&url).with_context(|| format!("cannot open the object store {url}"))?;
-    let mut base: Arc<dyn ObjectStore> = archive.store;
-    if let Ok(spec) = std::env::var(FAULTS_ENV) {
-        let faults =
-            FaultConfig::from_env_str(&spec).with_context(|| format!("invalid {FAULTS_ENV}='{spec}'"))?;
-        warn!(%spec, "injecting object store faults (testing only)");
-        base = Arc::new(FaultInjectingObjectStore::new(base, faults));
-    }
-    let instrumented = InstrumentedObjectStore::new(Arc::new(RetryingObjectStore::new(base)));
-    let store_stats = instrumented.stats();
-    let store: Arc<dyn ObjectStore> = Arc::new(instrumented);
+    let (store, store_stats, prefix) = open_archive(&url)?;
 
     let cancel = CancellationToken::new();
     let client = MetadataClient::new(config.metadata.clone()).context("invalid --metadata")?;
@@ -159,7 +143,7 @@ pub async fn run(config: CompactorProcessConfig) -> Result<()> {
         },
         metadata.clone(),
         Arc::clone(&store),
-        archive.prefix.clone(),
+        prefix.clone(),
         Arc::new(AgentsOverHttp { metadata: metadata.clone(), peers: Peers::new("compactor") }),
         Arc::clone(&metrics),
     );

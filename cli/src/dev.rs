@@ -14,7 +14,7 @@ use silt_metadata::{Metadata, MetadataNode};
 use silt_record::Record;
 use silt_tiering::cold_reader::{ColdReader, ColdReaderOptions};
 use silt_tiering::fault_injecting_object_store::{FaultConfig, FaultInjectingObjectStore};
-use silt_tiering::instrumented_object_store::InstrumentedObjectStore;
+use silt_tiering::instrumented_object_store::{InstrumentedObjectStore, ObjectStoreStats};
 use silt_tiering::retrying_object_store::RetryingObjectStore;
 use silt_tiering::store_url::object_store_from_url;
 use tokio_util::sync::CancellationToken;
@@ -122,13 +122,14 @@ pub(crate) struct ServeConfig {
     pub compactor: CompactorScope,
 }
 
-/// Serves the agent API (and the compactor) until SIGINT or SIGTERM, then drains and stops
-/// the agent. The caller owns the metadata and the data directory lock.
-pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
-    let addr = config.listener.local_addr().context("listener has no address")?;
-    let url = config.object_store.clone();
+/// The bucket at `url` as every process uses it: retried, instrumented, and with injected
+/// faults when `SILT_TEST_OBJECT_STORE_FAULTS` asks for them. Returns the store, its request
+/// counters and Silt's prefix in it.
+pub(crate) fn open_archive(
+    url: &str,
+) -> Result<(Arc<dyn ObjectStore>, Arc<ObjectStoreStats>, object_store::path::Path)> {
     let archive =
-        object_store_from_url(&url).with_context(|| format!("cannot open the object store {url}"))?;
+        object_store_from_url(url).with_context(|| format!("cannot open the object store {url}"))?;
     let mut base: Arc<dyn ObjectStore> = archive.store;
     if let Ok(spec) = std::env::var(FAULTS_ENV) {
         let faults =
@@ -137,8 +138,16 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         base = Arc::new(FaultInjectingObjectStore::new(base, faults));
     }
     let instrumented = InstrumentedObjectStore::new(Arc::new(RetryingObjectStore::new(base)));
-    let store_stats = instrumented.stats();
-    let store: Arc<dyn ObjectStore> = Arc::new(instrumented);
+    let stats = instrumented.stats();
+    Ok((Arc::new(instrumented), stats, archive.prefix))
+}
+
+/// Serves the agent API (and the compactor) until SIGINT or SIGTERM, then drains and stops
+/// the agent. The caller owns the metadata and the data directory lock.
+pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
+    let addr = config.listener.local_addr().context("listener has no address")?;
+    let url = config.object_store.clone();
+    let (store, store_stats, prefix) = open_archive(&url)?;
 
     let cold = ColdReader::new(
         Arc::clone(&store),
@@ -165,7 +174,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         agent_config,
         config.metadata.clone(),
         Arc::clone(&metrics),
-        Some(Archive { cold: Arc::clone(&cold), store: Arc::clone(&store), prefix: archive.prefix.clone() }),
+        Some(Archive { cold: Arc::clone(&cold), store: Arc::clone(&store), prefix: prefix.clone() }),
         cancel.clone(),
     )
     .await
@@ -180,7 +189,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
             },
             config.metadata.clone(),
             Arc::clone(&store),
-            archive.prefix.clone(),
+            prefix.clone(),
             Arc::new(LocalAgent(agent.clone())),
             Arc::clone(&compactor_metrics),
         )

@@ -102,7 +102,8 @@ enum Cmd {
     /// writes the partitions metadata gives it. When its lease lapses (a crash, a pause, a cut
     /// network), metadata names another live agent writer of its partitions with a higher
     /// epoch. Every agent of a cluster shares one bucket (--object-store). By default it also
-    /// archives the sealed segments it holds. SIGINT or SIGTERM drains, deregisters and exits.
+    /// archives the sealed segments it holds. SIGINT or SIGTERM stops serving, seals and
+    /// archives what it wrote (up to 90 s), deregisters (its partitions move at once) and exits.
     ///
     /// Example, against the three metadata nodes of `silt metadata --help`:
     ///   silt agent --id a1 --listen 127.0.0.1:7201 --metadata 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 \
@@ -115,7 +116,9 @@ enum Cmd {
         /// Address to serve the API on.
         #[arg(long, default_value = "127.0.0.1:7201")]
         listen: SocketAddr,
-        /// Address other agents and clients use to reach this one, as HOST:PORT (default: --listen).
+        /// Address other agents and clients use to reach this one, as HOST:PORT. Default:
+        /// --listen, or, when that is 0.0.0.0, the local address that routes to the first
+        /// metadata node, with the --listen port.
         #[arg(long, value_name = "HOST:PORT")]
         advertise: Option<String>,
         /// Metadata nodes as HOST:PORT, comma separated; any node of the cluster will do.

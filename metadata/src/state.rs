@@ -68,6 +68,18 @@ impl Partition {
         self.segments.values().next_back().map_or(0, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
     }
 
+    /// Whether every offset of `first..=last` is in an archived segment, or was deleted by
+    /// retention (it is below the chain's first segment): a local copy of them is only a cache.
+    pub fn is_archived(&self, first: u64, last: u64) -> bool {
+        let start = self.segments.keys().next().copied().unwrap_or(0);
+        last < start
+            || self.segments.values().any(|seg| {
+                seg.state == SegmentState::Archived
+                    && seg.base_offset <= first
+                    && seg.last_offset.is_some_and(|l| l >= last)
+            })
+    }
+
     /// The segment that is open for appends, if any.
     pub fn open_segment(&self) -> Option<&Segment> {
         self.segments.values().next_back().filter(|s| s.state == SegmentState::Open)
