@@ -662,40 +662,53 @@ impl Agent {
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
         let key = (topic.to_string(), partition);
-        let current = |agent: &Agent, t: &Topic, epoch: u64| {
-            agent
+        // The running writer if it matches metadata (topic id, writer, epoch: read without
+        // copying the topic, this runs on every request), else the epoch to start one at.
+        let decide = |agent: &Agent| -> Result<Result<PartitionHandle, u64>, ApiError> {
+            let view = agent.inner.metadata.read_local(|s| {
+                s.topics.get(topic).map(|t| {
+                    (t.id, t.partitions.get(partition as usize).map(|p| (p.epoch, p.writer.clone())))
+                })
+            });
+            let Some((topic_id, meta)) = view else {
+                return Err(MetadataError::UnknownTopic(topic.to_string()).into());
+            };
+            let Some((epoch, writer)) = meta else {
+                return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
+            };
+            let running = agent
                 .inner
                 .partitions
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&key)
-                .filter(|r| r.topic_id == t.id && r.epoch == epoch)
-                .map(|r| r.handle.clone())
-        };
-        // The running writer if it matches metadata, else the epoch to start one at (or why not).
-        let decide = |t: &Topic| -> Result<Result<PartitionHandle, u64>, ApiError> {
-            let Some(meta) = t.partitions.get(partition as usize) else {
-                return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
-            };
-            if let Some(h) = current(self, t, meta.epoch) {
+                .filter(|r| r.topic_id == topic_id && r.epoch == epoch)
+                .map(|r| r.handle.clone());
+            if let Some(h) = running {
                 return Ok(Ok(h));
             }
-            if meta.writer.as_deref() != Some(self.inner.config.agent_id.as_str()) {
-                return Err(self.not_writer(topic, partition, meta.writer.as_deref()));
+            if writer.as_deref() != Some(agent.inner.config.agent_id.as_str()) {
+                return Err(agent.not_writer(topic, partition, writer.as_deref()));
             }
-            Ok(Err(meta.epoch))
+            Ok(Err(epoch))
         };
-        if let Ok(h) = decide(&self.topic(topic).await?)? {
-            return Ok(h);
+        match decide(self) {
+            Ok(Ok(h)) => return Ok(h),
+            Ok(Err(_)) => {}
+            // A topic this agent's copy does not know yet (created through another agent).
+            Err(e) if e.code == "unknown_topic" => {
+                self.topic(topic).await?;
+            }
+            Err(e) => return Err(e),
         }
         let mut writers = self.inner.writers.lock().await;
         // Metadata may have moved on while this call waited for the lock: decide on what it
         // says now, and never replace a writer of a newer epoch with an older one.
-        let t = self.topic_local(topic)?;
-        let epoch = match decide(&t)? {
+        let epoch = match decide(self)? {
             Ok(h) => return Ok(h),
             Err(epoch) => epoch,
         };
+        let t = self.topic_local(topic)?;
         if self.inner.cancel.is_cancelled() {
             return Err(ApiError::unavailable("the agent is shutting down"));
         }

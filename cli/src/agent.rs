@@ -16,7 +16,7 @@ use silt_metadata::{Metadata, MetadataClient, RemoteMetadata};
 use tokio_util::sync::CancellationToken;
 
 use crate::data_dir::lock_data_dir;
-use crate::dev::{init_tracing, serve, CompactorScope, ServeConfig};
+use crate::dev::{bind, init_tracing, serve, CompactorScope, ServeConfig};
 
 /// What `silt agent` runs with.
 #[derive(Debug, Clone)]
@@ -63,10 +63,7 @@ fn default_advertise(listen: SocketAddr, metadata: &[String]) -> Result<String> 
 pub async fn run(config: AgentProcessConfig) -> Result<()> {
     init_tracing();
     let lock = lock_data_dir(&config.data_dir)?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let addr = listener.local_addr().context("listener has no address")?;
+    let (listener, addr) = bind(config.listen).await?;
     let advertise = match &config.advertise {
         Some(a) => a.clone(),
         None => default_advertise(addr, &config.metadata)?,

@@ -20,7 +20,7 @@ use silt_record::Record;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::dev::{init_tracing, open_archive, shutdown_signal};
+use crate::dev::{bind, init_tracing, open_archive, shutdown_signal};
 
 /// Most records asked of an agent per request while reading a segment.
 const PAGE_RECORDS: usize = 10_000;
@@ -148,10 +148,7 @@ pub async fn run(config: CompactorProcessConfig) -> Result<()> {
         Arc::clone(&metrics),
     );
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let addr = listener.local_addr().context("listener has no address")?;
+    let (listener, addr) = bind(config.listen).await?;
     let router = axum::Router::new()
         .route("/health", get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }))
         .route(

@@ -61,10 +61,7 @@ impl SegmentSource for LocalAgent {
 pub async fn run(config: DevConfig) -> Result<()> {
     init_tracing();
     let lock = lock_data_dir(&config.data_dir)?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let addr = listener.local_addr().context("listener has no address")?;
+    let (listener, addr) = bind(config.listen).await?;
     let url = match &config.object_store {
         Some(u) => u.clone(),
         None => default_object_store_url(&config.data_dir)?,
@@ -93,6 +90,14 @@ pub async fn run(config: DevConfig) -> Result<()> {
 
 /// Longest a stopping agent spends archiving what it wrote (systemd's stop timeout is 120 s).
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Listens on `listen`; returns the listener and the address it got (port 0 picks one).
+pub(crate) async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr().context("listener has no address")?;
+    Ok((listener, addr))
+}
 
 /// Which sealed segments the compactor of an agent process archives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,13 +18,26 @@ fn objects_url(dir: &std::path::Path) -> String {
 }
 
 fn agent(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str) -> SiltDev {
+    agent_with(id, cluster, objects, lease, &[])
+}
+
+fn agent_with(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str, extra: &[&str]) -> SiltDev {
     SiltDev::start_agent(&AgentOptions {
         id: id.into(),
         metadata: cluster.addrs(),
         object_store: objects.into(),
         lease: lease.into(),
-        extra: Vec::new(),
+        extra: extra.iter().map(|a| a.to_string()).collect(),
     })
+}
+
+/// Three metadata nodes with a leader, and a bucket folder for the agents to share.
+async fn cluster_and_bucket() -> (MetadataCluster, tempfile::TempDir, String) {
+    let cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    (cluster, tmp, objects)
 }
 
 async fn state(cluster: &MetadataCluster) -> Option<MetadataState> {
@@ -194,10 +207,7 @@ async fn agents_keep_every_acknowledged_message_and_ack_while_metadata_leaders_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
     let mut a1 = agent("a1", &cluster, &objects, "2s");
     let a2 = agent("a2", &cluster, &objects, "2s");
     a1.client().create_topic("t", 2, &BTreeMap::new()).await.expect("create topic");
@@ -320,10 +330,7 @@ async fn a_killed_writer_agents_partitions_get_a_new_writer_with_a_higher_epoch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_agent_serves_produce_replay_poll_and_ack_for_every_partition() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
     let a1 = agent("a1", &cluster, &objects, "5s");
     let a2 = agent("a2", &cluster, &objects, "5s");
     let (c1, c2) = (a1.client(), a2.client());
@@ -407,10 +414,7 @@ async fn any_agent_serves_produce_replay_poll_and_ack_for_every_partition() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restarted_with_an_empty_data_dir_rejoins_serves_the_archive_and_writes_again() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
     let mut a1 = agent("a1", &cluster, &objects, "2s");
     let config = BTreeMap::from([("segment.ms".to_string(), "200".to_string())]);
     a1.client().create_topic("logs", 1, &config).await.expect("create topic");
@@ -449,19 +453,8 @@ async fn an_agent_restarted_with_an_empty_data_dir_rejoins_serves_the_archive_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compactor_process_archives_what_the_agents_write() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
-    let start = |id: &str| {
-        SiltDev::start_agent(&AgentOptions {
-            id: id.into(),
-            metadata: cluster.addrs(),
-            object_store: objects.clone(),
-            lease: "5s".into(),
-            extra: vec!["--no-compactor".into()],
-        })
-    };
+    let (cluster, tmp, objects) = cluster_and_bucket().await;
+    let start = |id: &str| agent_with(id, &cluster, &objects, "5s", &["--no-compactor"]);
     let (a1, a2) = (start("a1"), start("a2"));
     let config = BTreeMap::from([("segment.ms".to_string(), "200".to_string())]);
     a1.client().create_topic("clicks", 2, &config).await.expect("create topic");
@@ -551,10 +544,7 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_continues() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
     let mut a1 = agent("a1", &cluster, &objects, "5s");
     let mut a2 = agent("a2", &cluster, &objects, "5s");
     a2.client().create_topic("orders", 1, &BTreeMap::new()).await.expect("create topic");
@@ -608,19 +598,8 @@ async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_contin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segments_left_on_an_agent_that_no_longer_writes_the_partition_stay_readable_until_archived() {
-    let cluster = MetadataCluster::start(3, &[]);
-    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let objects = objects_url(tmp.path());
-    let start = |id: &str| {
-        SiltDev::start_agent(&AgentOptions {
-            id: id.into(),
-            metadata: cluster.addrs(),
-            object_store: objects.clone(),
-            lease: "5s".into(),
-            extra: vec!["--no-compactor".into()],
-        })
-    };
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
+    let start = |id: &str| agent_with(id, &cluster, &objects, "5s", &["--no-compactor"]);
     let (mut a1, a2) = (start("a1"), start("a2"));
     a1.client().create_topic("moves", 1, &BTreeMap::new()).await.expect("create topic");
     assert_eq!(writer_of(&state(&cluster).await.expect("state"), "moves", 0).0.as_deref(), Some("a1"));
