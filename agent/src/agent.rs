@@ -24,7 +24,8 @@ use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
 use crate::metrics::{ForwardLabels, LagLabels, Metrics};
 use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
-use crate::peer::{CollectRequest, Peers, WireRecord};
+use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord, REPLICA_READ_BYTES_MAX};
+use crate::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -43,6 +44,8 @@ pub const ACK_IDS_MAX: usize = 100_000;
 pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Bytes read from a partition per step of a poll or replay.
 const READ_BYTES_STEP: usize = 1024 * 1024;
+/// Most records one read of another agent's replica asks for.
+const REPLAY_STEP: u64 = 10_000;
 /// How often dirty ack state is checkpointed to metadata.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(500);
 /// How often a waiting poll asks other agents for the partitions they write.
@@ -52,6 +55,8 @@ pub const DLQ_SUFFIX: &str = ".dlq";
 
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
+/// How soon a writer that failed to start is tried again.
+const START_RETRY_INTERVAL: Duration = Duration::from_millis(200);
 /// The default agent lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
@@ -67,6 +72,8 @@ pub struct AgentConfig {
     /// Metadata names another writer for this agent's partitions when it has not heartbeated
     /// for this long. It heartbeats every third of it.
     pub lease: Duration,
+    /// `replication.factor` of topics created through this agent without one.
+    pub default_replication_factor: u32,
 }
 
 impl AgentConfig {
@@ -77,6 +84,7 @@ impl AgentConfig {
             advertise_addr: advertise_addr.into(),
             data_dir,
             lease: DEFAULT_LEASE,
+            default_replication_factor: 1,
         }
     }
 }
@@ -183,6 +191,9 @@ type CursorKey = (String, String, u32);
 type Retired = (u64, Arc<PartitionReader>);
 /// A retired log to check: its partition, topic id and the offset ranges it holds.
 type RetiredRanges = ((String, u32), u64, Vec<(u64, u64)>);
+/// A followed partition's replica; `None` once closed (the agent writes the partition now, or
+/// the replica failed and is opened again from disk).
+type SharedReplica = Arc<Mutex<Option<Replica>>>;
 /// A cursor's key with its topic id, the floor and acked ranges to checkpoint.
 type Checkpoint = (CursorKey, u64, u64, Vec<(u64, u64)>);
 
@@ -204,6 +215,10 @@ struct Inner {
     /// Local logs of partitions this agent held but no longer writes, by topic and partition,
     /// with the topic id: they stay readable (for reads and the compactor) until archived.
     retired: RwLock<HashMap<(String, u32), Retired>>,
+    /// Partitions this agent follows (holds replicas of segments another agent writes).
+    replicas: Mutex<HashMap<(String, u32), SharedReplica>>,
+    /// Writers that failed to start, when and why (see [`START_RETRY_INTERVAL`]).
+    start_failures: Mutex<HashMap<(String, u32), (Instant, ApiError)>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
     instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
@@ -329,6 +344,8 @@ impl Agent {
                 partitions: RwLock::new(HashMap::new()),
                 writers: tokio::sync::Mutex::new(HashMap::new()),
                 retired: RwLock::new(HashMap::new()),
+                replicas: Mutex::new(HashMap::new()),
+                start_failures: Mutex::new(HashMap::new()),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
@@ -459,6 +476,7 @@ impl Agent {
         });
         self.inner.metrics.partitions_written.set(wanted.len() as i64);
         self.drop_archived_retired_logs().await;
+        self.trim_replicas().await;
         let stale: Vec<(String, u32)> = self
             .inner
             .partitions
@@ -712,6 +730,13 @@ impl Agent {
         if self.inner.cancel.is_cancelled() {
             return Err(ApiError::unavailable("the agent is shutting down"));
         }
+        // A start that just failed (its open segment's replicas are not back yet) is not tried
+        // again for every request: they get the same answer until the next attempt is due.
+        if let Some((at, e)) = lock(&self.inner.start_failures).get(&key) {
+            if at.elapsed() < START_RETRY_INTERVAL {
+                return Err(e.clone());
+            }
+        }
         let newer = self
             .inner
             .partitions
@@ -734,8 +759,13 @@ impl Agent {
             }
         }
         self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        // A replica this agent held as a follower is the writer's log now.
+        if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
+            *lock(&replica) = None;
+        }
         let dir = self.topic_dir(topic, t.id).join(partition.to_string());
-        let (log, _reports) = tokio::task::spawn_blocking(move || PartitionLog::open(&dir))
+        let log_dir = dir.clone();
+        let (log, _reports) = tokio::task::spawn_blocking(move || PartitionLog::open(&log_dir))
             .await
             .map_err(|e| ApiError::unavailable(format!("opening the partition log panicked: {e}")))??;
         let config = WriterConfig {
@@ -747,6 +777,10 @@ impl Agent {
             segment_ms: t.config.segment_ms,
             local_retention_ms: t.config.local_retention_ms,
             local_retention_bytes: t.config.local_retention_bytes,
+            dir,
+            replication_factor: t.config.replication_factor as usize,
+            write_quorum: t.config.write_quorum(),
+            instance: self.inner.instance.clone(),
         };
         let cancel = self.inner.cancel.child_token();
         let (handle, task) = partition_writer::start(
@@ -755,9 +789,16 @@ impl Agent {
             epoch,
             self.inner.metadata.clone(),
             Arc::clone(&self.inner.metrics),
+            self.inner.peers.clone(),
             cancel.clone(),
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            let e = ApiError::from(e);
+            lock(&self.inner.start_failures).insert(key.clone(), (Instant::now(), e.clone()));
+            e
+        })?;
+        lock(&self.inner.start_failures).remove(&key);
         writers.insert(key.clone(), WriterTask { cancel, task });
         self.inner
             .partitions
@@ -835,6 +876,10 @@ impl Agent {
         config: BTreeMap<String, String>,
     ) -> Result<Topic, ApiError> {
         validate_topic_name(name).map_err(|e| ApiError::bad_request("invalid_topic_name", e.to_string()))?;
+        let mut config = config;
+        config
+            .entry("replication.factor".to_string())
+            .or_insert_with(|| self.inner.config.default_replication_factor.to_string());
         let response = self
             .inner
             .metadata
@@ -1109,7 +1154,7 @@ impl Agent {
         let mut refreshed = false;
         let mut attempts = 0;
         loop {
-            while records.len() < max_records && next < reader.log_start() {
+            while records.len() < max_records && !reader.holds(next) {
                 let Some(part) = self.partition_meta(topic, partition) else { break };
                 let location = locate(&part, next);
                 if let Location::Hot { base_offset } = location {
@@ -1162,7 +1207,7 @@ impl Agent {
                 }
                 // The local copy of these offsets was dropped (archived) while this read ran:
                 // read them from where they are now.
-                Err(e) if e.code == "offset_out_of_range" && next < reader.log_start() && attempts < 3 => {
+                Err(e) if e.code == "offset_out_of_range" && !reader.holds(next) && attempts < 3 => {
                     attempts += 1;
                 }
                 Err(e) => return Err(e),
@@ -1178,9 +1223,36 @@ impl Agent {
         base_offset: u64,
         last_offset: u64,
     ) -> Result<Vec<Record>, ApiError> {
-        let reader = self.local_reader(topic, partition).ok_or_else(|| {
-            ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
-        })?;
+        let mut records = match self.local_reader(topic, partition) {
+            Some(reader) => Self::read_segment_from(reader, base_offset, last_offset).await?,
+            None => Vec::new(),
+        };
+        // A replica that left the ensemble early holds a shorter copy: the rest is on the
+        // others.
+        let mut next = records.last().map_or(base_offset, |r| r.offset + 1);
+        if next <= last_offset {
+            let ensemble = self
+                .partition_meta(topic, partition)
+                .and_then(|p| p.segments.get(&base_offset).map(|s| s.ensemble.clone()))
+                .unwrap_or_default();
+            let me = self.inner.config.agent_id.clone();
+            let others: Vec<String> = ensemble.into_iter().filter(|a| *a != me).collect();
+            while next <= last_offset {
+                let want = (last_offset - next + 1).min(REPLAY_STEP) as usize;
+                let got = self.read_elsewhere(topic, partition, next, want, &others).await?;
+                let Some(last) = got.last() else { break };
+                next = last.offset + 1;
+                records.extend(got.into_iter().filter(|r| r.offset <= last_offset));
+            }
+        }
+        Ok(records)
+    }
+
+    async fn read_segment_from(
+        reader: Arc<PartitionReader>,
+        base_offset: u64,
+        last_offset: u64,
+    ) -> Result<Vec<Record>, ApiError> {
         tokio::task::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
             let mut records = Vec::new();
             let mut next = base_offset;
@@ -1230,8 +1302,226 @@ impl Agent {
         let reader = self.local_reader(topic, partition).ok_or_else(|| {
             ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
         })?;
-        let (records, next, hwm, _) = read_hot(reader, offset, max_records.max(1)).await?;
+        // Only what metadata sealed is served from a replica: a replica may hold a tail that
+        // was never acknowledged, and the open segment's committed end is its writer's.
+        let sealed_end = self.partition_meta(topic, partition).and_then(|p| {
+            let seg = p.segments.range(..=offset).next_back().map(|(_, s)| s)?;
+            (seg.state != silt_metadata::state::SegmentState::Open).then_some(seg.last_offset).flatten()
+        });
+        let Some(last) = sealed_end.filter(|l| *l >= offset) else {
+            return Err(ApiError::unavailable(format!(
+                "offset {offset} of {topic}/{partition} is not in a sealed segment this agent holds; read it from the partition's writer"
+            )));
+        };
+        let want = max_records.max(1).min((last - offset + 1) as usize);
+        let (records, next, hwm, _) = read_hot(reader, offset, want).await?;
+        if records.is_empty() {
+            return Err(ApiError::unavailable(format!(
+                "this agent's replica of {topic}/{partition} does not hold offset {offset}"
+            )));
+        }
         Ok((records, next, hwm))
+    }
+
+    /// The replica of a partition this agent follows, opened on first use. Refused when
+    /// metadata shows that the sender was deposed (a newer epoch, or the segment sealed). A
+    /// writer of the partition running here under an older epoch is stopped first.
+    async fn replica(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<SharedReplica, ApiError> {
+        let key = (topic.to_string(), partition);
+        let check = |agent: &Agent| -> Result<Option<silt_metadata::state::Partition>, ApiError> {
+            let Some(p) = agent.inner.metadata.read_local(|s| {
+                s.topics
+                    .get(topic)
+                    .filter(|t| t.id == target.topic_id)
+                    .and_then(|t| t.partitions.get(partition as usize).cloned())
+            }) else {
+                return Ok(None);
+            };
+            if p.epoch > target.epoch {
+                return Err(StoreError::Fenced {
+                    topic: topic.into(),
+                    partition,
+                    epoch: target.epoch,
+                    fence: p.epoch,
+                }
+                .into());
+            }
+            if let Some(seg) = p.segments.get(&target.segment) {
+                if seg.state != silt_metadata::state::SegmentState::Open || seg.epoch != target.segment_epoch
+                {
+                    return Err(StoreError::Diverged(format!(
+                        "segment {} of {topic}/{partition} is no longer open under epoch {}",
+                        target.segment, target.segment_epoch
+                    ))
+                    .into());
+                }
+            }
+            Ok(Some(p))
+        };
+        let part = match check(self)? {
+            Some(p) => p,
+            None => {
+                // Created or changed through another agent: catch up once.
+                self.inner.metadata.read(|_| ()).await?;
+                check(self)?.ok_or_else(|| {
+                    ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
+                })?
+            }
+        };
+        let open = |agent: &Agent| {
+            let mut replicas = lock(&agent.inner.replicas);
+            let r = replicas.get(&key).cloned()?;
+            if lock(&r).is_some() {
+                return Some(r);
+            }
+            replicas.remove(&key);
+            None
+        };
+        if let Some(r) = open(self) {
+            return Ok(r);
+        }
+        let running =
+            self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key).map(|r| r.epoch);
+        if let Some(epoch) = running {
+            if epoch >= target.epoch {
+                return Err(StoreError::Fenced {
+                    topic: topic.into(),
+                    partition,
+                    epoch: target.epoch,
+                    fence: epoch,
+                }
+                .into());
+            }
+            info!(topic, partition, epoch, newer = target.epoch, "a newer writer fenced this agent's writer");
+            self.stop_writer(topic, partition).await;
+        }
+        let writers = self.inner.writers.lock().await;
+        if writers.contains_key(&key) {
+            return Err(ApiError::unavailable(format!("this agent writes {topic}/{partition}; retry")));
+        }
+        if let Some(r) = open(self) {
+            return Ok(r);
+        }
+        let dir = self.topic_dir(topic, target.topic_id).join(partition.to_string());
+        let topic_id = target.topic_id;
+        let replica = tokio::task::spawn_blocking(move || Replica::open(&dir, topic_id, &part))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("opening a replica panicked: {e}")))??;
+        self.inner
+            .retired
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), (topic_id, replica.reader()));
+        let shared = Arc::new(Mutex::new(Some(replica)));
+        lock(&self.inner.replicas).insert(key, Arc::clone(&shared));
+        drop(writers);
+        Ok(shared)
+    }
+
+    /// Runs `f` on a followed partition's replica on the blocking pool. A storage failure
+    /// closes the replica (it is opened from disk again on next use; after a failed fsync the
+    /// kernel may have dropped pages).
+    async fn on_replica<T: Send + 'static>(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        f: impl FnOnce(&mut Replica) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let shared = self.replica(topic, partition, target).await?;
+        let (topic, epoch) = (topic.to_string(), target.epoch);
+        tokio::task::spawn_blocking(move || {
+            let mut guard = lock(&shared);
+            let Some(replica) = guard.as_mut() else {
+                return Err(StoreError::Failed("the replica was closed; retry".into()));
+            };
+            replica.admit(&topic, partition, epoch)?;
+            let r = f(replica);
+            if let Err(e) = &r {
+                if !matches!(e, StoreError::Fenced { .. } | StoreError::Diverged(_)) {
+                    error!(topic, partition, error = %e, "a replica failed; it is opened again from disk");
+                    *guard = None;
+                }
+            }
+            r
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("replica task panicked: {e}")))?
+        .map_err(ApiError::from)
+    }
+
+    /// A writer's append to a segment this agent holds a replica of. Returns the end held.
+    pub async fn replica_append(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+        body: Bytes,
+    ) -> Result<u64, ApiError> {
+        let batches = split_batches(body)?;
+        if let Some(b) =
+            batches.iter().find(|b| i64::from(b.partition_leader_epoch()) != target.segment_epoch as i64)
+        {
+            return Err(ApiError::bad_request(
+                "invalid_record_batch",
+                format!(
+                    "batch at offset {} carries epoch {}, not the segment's {}",
+                    b.base_offset(),
+                    b.partition_leader_epoch(),
+                    target.segment_epoch
+                ),
+            ));
+        }
+        let (segment, segment_epoch) = (target.segment, target.segment_epoch);
+        self.on_replica(topic, partition, &target, move |r| r.append(segment, segment_epoch, &batches)).await
+    }
+
+    /// A recovering writer fences this agent's replica of a partition at its epoch and asks
+    /// what it holds of a segment.
+    pub async fn replica_fence(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError> {
+        let instance = self.inner.instance.clone();
+        let (segment, segment_epoch) = (target.segment, target.segment_epoch);
+        self.on_replica(topic, partition, &target, move |r| {
+            HeldSegment::of(r.log_mut(), segment, segment_epoch, &instance)
+        })
+        .await
+    }
+
+    /// Whole batches of a segment this agent holds, from `from` on, as stored (up to
+    /// [`REPLICA_READ_BYTES_MAX`]); a recovering writer copies a tail with them.
+    pub async fn replica_batches(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+        from: u64,
+    ) -> Result<Bytes, ApiError> {
+        let reader = self.local_reader(topic, partition).ok_or_else(|| {
+            ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
+        })?;
+        let batches = tokio::task::spawn_blocking(move || reader.read(from, REPLICA_READ_BYTES_MAX))
+            .await
+            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??
+            .batches;
+        let batches: Vec<RecordBatch> = batches
+            .into_iter()
+            .skip_while(|b| b.last_offset() < from)
+            .take_while(|b| {
+                b.base_offset() >= target.segment
+                    && i64::from(b.partition_leader_epoch()) == target.segment_epoch as i64
+            })
+            .collect();
+        Ok(join_batches(&batches))
     }
 
     /// Reads offsets of a segment that is neither archived nor in this agent's writer log:
@@ -1273,6 +1563,43 @@ impl Agent {
         Err(last)
     }
 
+    /// Drops the segments of followed partitions that are archived (oldest first, never the
+    /// one being written): the bucket holds them now.
+    async fn trim_replicas(&self) {
+        let replicas: Vec<((String, u32), SharedReplica)> =
+            lock(&self.inner.replicas).iter().map(|(k, r)| (k.clone(), Arc::clone(r))).collect();
+        for ((topic, partition), shared) in replicas {
+            let Some(part) = self.partition_meta(&topic, partition) else { continue };
+            let result = tokio::task::spawn_blocking(move || -> Result<usize, StoreError> {
+                let mut guard = lock(&shared);
+                let Some(replica) = guard.as_mut() else { return Ok(0) };
+                let log = replica.log_mut();
+                let sealed = &log.segments()[..log.segments().len() - 1];
+                let before = sealed
+                    .iter()
+                    .take_while(|s| {
+                        s.record_count() == 0 || part.is_archived(s.base_offset(), s.next_offset() - 1)
+                    })
+                    .last()
+                    .map(|s| s.next_offset());
+                match before {
+                    Some(before) => log.delete_before(before),
+                    None => Ok(0),
+                }
+            });
+            match result.await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => info!(topic, partition, segments = n, "dropped archived segments of a replica"),
+                Ok(Err(e)) => {
+                    warn!(topic, partition, error = %e, "dropping archived segments of a replica failed")
+                }
+                Err(e) => {
+                    warn!(topic, partition, error = %e, "dropping archived segments of a replica panicked")
+                }
+            }
+        }
+    }
+
     /// Opens the local logs of partitions this agent does not write but holds data of (it
     /// wrote them before a restart), so that they stay readable until archived.
     async fn open_retired_logs(&self, topics: &[Topic]) {
@@ -1286,8 +1613,14 @@ impl Agent {
                 if !dir.exists() {
                     continue;
                 }
-                match tokio::task::spawn_blocking(move || PartitionLog::open(&dir)).await {
-                    Ok(Ok((log, _))) if !log.reader().ranges().is_empty() => {
+                let chain = part.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    let (mut log, _) = PartitionLog::open(&dir)?;
+                    trim_to_metadata(&mut log, &chain)?;
+                    Ok::<_, StoreError>(log)
+                });
+                match opened.await {
+                    Ok(Ok(log)) if !log.reader().ranges().is_empty() => {
                         self.inner
                             .retired
                             .write()
@@ -1331,6 +1664,9 @@ impl Agent {
             let removed = self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
             if removed.is_none() || writers.contains_key(&key) {
                 continue;
+            }
+            if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
+                *lock(&replica) = None;
             }
             let dir = self.topic_dir(&topic, topic_id).join(partition.to_string());
             match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
@@ -1379,7 +1715,7 @@ impl Agent {
         if let (Some(cold), Some(part)) = (&self.inner.cold, self.partition_meta(topic, partition)) {
             let local_start = reader.log_start();
             for seg in part.segments.values() {
-                if seg.base_offset >= local_start {
+                if seg.base_offset >= local_start && reader.holds(seg.base_offset) {
                     break;
                 }
                 if seg.max_timestamp_ms.is_some_and(|m| m < timestamp_ms) {

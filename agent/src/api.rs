@@ -18,7 +18,7 @@ use silt_record::{Header, MessageId, Record};
 
 use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
 use crate::error::ApiError;
-use crate::peer::{CollectRequest, WirePage, WireRecord, FORWARDED_HEADER};
+use crate::peer::{CollectRequest, ReplicaTarget, WirePage, WireRecord, FORWARDED_HEADER};
 
 /// Largest request body the API reads.
 pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
@@ -44,6 +44,9 @@ pub fn router(agent: Agent) -> Router {
         .route("/internal/v1/topics/{topic}/partitions/{partition}/offset", get(peer_offset_for_time))
         .route("/internal/v1/topics/{topic}/partitions/{partition}/held", get(peer_read_held))
         .route("/internal/v1/topics/{topic}/collect", post(peer_collect))
+        .route("/internal/v1/replicas/{topic}/{partition}/append", post(replica_append))
+        .route("/internal/v1/replicas/{topic}/{partition}/fence", post(replica_fence))
+        .route("/internal/v1/replicas/{topic}/{partition}/batches", get(replica_batches))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .with_state(agent)
@@ -381,6 +384,55 @@ async fn peer_read_held(
         agent.read_held(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX)).await?;
     let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
     Ok(Json(WirePage { records, next_offset, high_watermark }))
+}
+
+/// A writer streams batches to a follower's replica.
+async fn replica_append(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    target: Result<Query<ReplicaTarget>, QueryRejection>,
+    body: Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let target = query(target)?;
+    let end = agent.replica_append(&topic, partition, target, body).await?;
+    Ok(Json(serde_json::json!({ "end_offset": end })))
+}
+
+/// A recovering writer fences a replica and asks what it holds of a segment.
+async fn replica_fence(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    target: Result<Query<ReplicaTarget>, QueryRejection>,
+) -> ApiResult<Json<crate::replica::HeldSegment>> {
+    let target = query(target)?;
+    Ok(Json(agent.replica_fence(&topic, partition, target).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaBatchesParams {
+    topic_id: u64,
+    epoch: u64,
+    segment: u64,
+    segment_epoch: u64,
+    from: u64,
+}
+
+/// A recovering writer copies a segment's tail from a replica: whole batches as stored.
+async fn replica_batches(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<ReplicaBatchesParams>, QueryRejection>,
+) -> ApiResult<Response> {
+    let p = query(params)?;
+    let target = ReplicaTarget {
+        topic_id: p.topic_id,
+        epoch: p.epoch,
+        segment: p.segment,
+        segment_epoch: p.segment_epoch,
+    };
+    let body = agent.replica_batches(&topic, partition, target, p.from).await?;
+    Ok(([(header::CONTENT_TYPE, "application/vnd.kafka.record-batch.v2")], body).into_response())
 }
 
 #[derive(Deserialize)]

@@ -68,6 +68,24 @@ pub enum StoreError {
     /// The partition is shutting down.
     #[error("the partition is shutting down")]
     ShuttingDown,
+    /// A replica refused an append from a writer of an older epoch.
+    #[error("fenced: this replica of {topic}/{partition} accepts epoch {fence} or newer, not {epoch}")]
+    Fenced {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: u32,
+        /// The sender's epoch.
+        epoch: u64,
+        /// The newest epoch this replica has seen.
+        fence: u64,
+    },
+    /// A replica does not line up with what a writer sends it.
+    #[error("replica diverged: {0}")]
+    Diverged(String),
+    /// Fewer than the write quorum of replicas answered.
+    #[error("not enough replicas: {0}")]
+    NotEnoughReplicas(String),
     /// The metadata service refused or failed a change the log depends on.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
@@ -147,7 +165,11 @@ impl From<StoreError> for ApiError {
             StoreError::CorruptRead { .. } => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", e.to_string())
             }
-            StoreError::ShuttingDown => ApiError::unavailable(e.to_string()),
+            StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) => {
+                ApiError::unavailable(e.to_string())
+            }
+            StoreError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", e.to_string()),
+            StoreError::Diverged(_) => ApiError::new(StatusCode::CONFLICT, "replica_diverged", e.to_string()),
             StoreError::OutOfRange { .. } => ApiError::bad_request("offset_out_of_range", e.to_string()),
             other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
         }

@@ -18,6 +18,8 @@ pub mod metrics;
 pub mod partition_log;
 pub mod partition_writer;
 pub mod peer;
+pub mod replica;
+pub mod replication;
 pub mod segment;
 
 pub use agent::{Agent, AgentConfig, Archive};

@@ -136,6 +136,86 @@ impl PartitionLog {
         Ok(ranges)
     }
 
+    /// Writes batches whose offsets and epoch another agent's writer assigned (a replica's
+    /// appends, or a recovery copying a segment's tail), then fsyncs once. Batches this log
+    /// already holds (a retry after a lost reply) are skipped; a batch that would leave a gap
+    /// or overlap part of one is refused. Returns the log's end. Not visible to readers until
+    /// [`PartitionLog::publish`].
+    pub fn append_replicated(&mut self, batches: &[RecordBatch]) -> Result<u64, StoreError> {
+        let mut wrote = false;
+        for batch in batches {
+            let next = self.next_offset();
+            if batch.last_offset() < next && batch.base_offset() >= self.active().base_offset() {
+                continue;
+            }
+            if batch.base_offset() != next {
+                return Err(StoreError::Diverged(format!(
+                    "a batch at offsets {}..={} does not continue this replica, which ends at {next}",
+                    batch.base_offset(),
+                    batch.last_offset()
+                )));
+            }
+            self.active_mut().append(batch)?;
+            wrote = true;
+        }
+        if wrote {
+            self.active().sync()?;
+        }
+        Ok(self.next_offset())
+    }
+
+    /// Makes `base` the active segment's base: a no-op if the active segment starts there;
+    /// otherwise the active segment is sealed on disk (or removed, if empty) and a new one is
+    /// created at `base`. Offsets between the old end and `base` are not held here (this agent
+    /// holds no replica of the segments in between): reads of them find nothing here.
+    pub fn start_segment_at(&mut self, base: u64) -> Result<(), StoreError> {
+        if self.active().base_offset() == base {
+            return Ok(());
+        }
+        let empty = self.active().record_count() == 0;
+        let held_end = if empty {
+            self.segments.iter().rev().nth(1).map_or(0, |s| s.next_offset())
+        } else {
+            self.next_offset()
+        };
+        if base < held_end {
+            return Err(StoreError::Diverged(format!(
+                "cannot start a segment at offset {base}: this replica holds offsets up to {held_end}"
+            )));
+        }
+        if empty {
+            let old = self.segments.pop().expect("a log has an active segment");
+            old.delete_files()?;
+        } else {
+            self.active().seal()?;
+        }
+        self.segments.push(Segment::create(&self.dir, base)?);
+        self.publish();
+        Ok(())
+    }
+
+    /// Cuts the segment starting at `base` back to `end` (a batch boundary): the records from
+    /// there on were never acknowledged. A sealed segment cut to nothing is removed.
+    pub fn truncate_segment(&mut self, base: u64, end: u64) -> Result<(), StoreError> {
+        let Some(i) = self.segments.iter().position(|s| s.base_offset() == base) else {
+            return Ok(());
+        };
+        if self.segments[i].next_offset() <= end {
+            return Ok(());
+        }
+        let last = i + 1 == self.segments.len();
+        // Readers holding views of the old file see only what they saw; publish after.
+        let segment = self.segments.remove(i).truncated(end, !last)?;
+        if !last && segment.record_count() == 0 {
+            segment.delete_files()?;
+            sync_dir(&self.dir)?;
+        } else {
+            self.segments.insert(i, segment);
+        }
+        self.publish();
+        Ok(())
+    }
+
     /// Makes everything synced so far visible to readers and wakes waiting consumers.
     pub fn publish(&self) {
         let views: Vec<SegmentView> =
@@ -249,6 +329,15 @@ impl PartitionReader {
             .collect()
     }
 
+    /// Whether a read at `offset` is answered from this log: it lies in a local segment, or
+    /// at or past the log's end. Offsets below the log start or in a gap between segments are
+    /// held elsewhere (other replicas, or the archive).
+    pub fn holds(&self, offset: u64) -> bool {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        offset >= state.high_watermark
+            || state.segments.iter().any(|v| v.base_offset <= offset && offset < v.end_offset)
+    }
+
     /// A receiver that changes whenever the high watermark moves.
     pub fn watch(&self) -> watch::Receiver<u64> {
         self.high_watermark.subscribe()
@@ -272,6 +361,10 @@ impl PartitionReader {
             (state.segments[first.min(state.segments.len())..].to_vec(), hwm)
         };
         for view in views.iter().filter(|v| v.end_offset > offset) {
+            if view.base_offset > offset {
+                // A gap: this log holds no replica of the segments in between.
+                break;
+            }
             let mut start = view.entry_for(offset);
             loop {
                 let batches = view.read_batches(start, max_bytes)?;

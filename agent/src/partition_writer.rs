@@ -6,9 +6,12 @@
 //! fatal for the partition on this agent: it stops accepting writes instead of retrying
 //! (after a failed fsync the kernel may already have dropped the pages).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use silt_metadata::state::Segment;
 use silt_metadata::{Command, Metadata};
 use silt_record::RecordBatch;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -19,6 +22,9 @@ use tracing::{error, info, info_span, warn, Instrument};
 use crate::error::StoreError;
 use crate::metrics::Metrics;
 use crate::partition_log::{PartitionLog, PartitionReader};
+use crate::peer::{Peers, ReplicaTarget, REPLICA_READ_BYTES_MAX};
+use crate::replica::{join_batches, read_fence, split_batches, trim_to_metadata, write_fence, HeldSegment};
+use crate::replication::{Ensemble, FollowerLag};
 
 /// Most bytes of appends waiting for one partition's writer; producers wait beyond that.
 pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -49,6 +55,14 @@ pub struct WriterConfig {
     pub local_retention_ms: u64,
     /// Keep at most this many bytes of archived segments locally.
     pub local_retention_bytes: Option<u64>,
+    /// The partition's local log directory (its `fence` file is the writer's epoch).
+    pub dir: PathBuf,
+    /// `replication.factor`: agents in each segment's ensemble.
+    pub replication_factor: usize,
+    /// `min.insync.replicas`: replicas that must have fsynced a batch before it is acknowledged.
+    pub write_quorum: usize,
+    /// This agent's data-directory instance, recorded with each ensemble.
+    pub instance: String,
 }
 
 struct AppendRequest {
@@ -66,6 +80,7 @@ pub struct PartitionHandle {
     queued_bytes: Arc<Semaphore>,
     reader: Arc<PartitionReader>,
     epoch: u64,
+    lag: Arc<std::sync::Mutex<Vec<FollowerLag>>>,
 }
 
 impl std::fmt::Debug for AppendRequest {
@@ -105,6 +120,11 @@ impl PartitionHandle {
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
+
+    /// How far each follower of the open segment is behind, as of the writer's last tick.
+    pub fn follower_lag(&self) -> Vec<FollowerLag> {
+        self.lag.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 struct PartitionWriter {
@@ -117,6 +137,12 @@ struct PartitionWriter {
     /// A segment sealed on disk whose seal (and successor's open) metadata has not recorded yet.
     roll_pending: Option<SealedSummary>,
     first_append_at: Option<Instant>,
+    peers: Peers,
+    /// The other replicas of the open segment.
+    ensemble: Option<Ensemble>,
+    /// The write quorum was lost: the writer ends at once under a new epoch.
+    quorum_lost: bool,
+    lag: Arc<std::sync::Mutex<Vec<FollowerLag>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -126,7 +152,6 @@ struct SealedSummary {
     size_bytes: u64,
     min_timestamp_ms: Option<i64>,
     max_timestamp_ms: Option<i64>,
-    next_base: u64,
 }
 
 impl SealedSummary {
@@ -137,7 +162,6 @@ impl SealedSummary {
             size_bytes: s.size_bytes(),
             min_timestamp_ms: s.min_timestamp_ms(),
             max_timestamp_ms: s.max_timestamp_ms(),
-            next_base: s.next_offset(),
         }
     }
 }
@@ -154,9 +178,11 @@ pub async fn start(
     epoch: u64,
     metadata: Metadata,
     metrics: Arc<Metrics>,
+    peers: Peers,
     cancel: CancellationToken,
 ) -> Result<(PartitionHandle, JoinHandle<()>), StoreError> {
     let reader = log.reader();
+    let lag = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut writer = PartitionWriter {
         log: Some(log),
         config,
@@ -166,6 +192,10 @@ pub async fn start(
         failed: None,
         roll_pending: None,
         first_append_at: None,
+        peers,
+        ensemble: None,
+        quorum_lost: false,
+        lag: Arc::clone(&lag),
     };
     writer.reconcile().await?;
     let (tx, rx) = mpsc::channel(GROUP_APPENDS_MAX);
@@ -176,6 +206,7 @@ pub async fn start(
         queued_bytes: Arc::new(Semaphore::new(QUEUED_BYTES_MAX)),
         reader,
         epoch,
+        lag,
     };
     let span = info_span!("partition_writer", topic = %writer.config.topic, partition = writer.config.partition, epoch);
     let task = tokio::spawn(writer.run(rx, control_rx, cancel).instrument(span));
@@ -189,10 +220,25 @@ impl PartitionWriter {
         self.log.as_ref().expect("partition log is present outside blocking sections")
     }
 
-    /// Every start is a writer change (a new epoch), so the segment that was open is sealed at
-    /// the end this replica recovered and a new one is opened after it.
+    /// Every start is a writer change (a new epoch): the fence of the local replica is raised
+    /// to it, the local log is cut back to what metadata recorded, the segment that was open
+    /// is recovered and sealed, and a new segment is opened with a new ensemble.
     async fn reconcile(&mut self) -> Result<(), StoreError> {
         let (topic, partition) = (self.config.topic.clone(), self.config.partition);
+        let dir = self.config.dir.clone();
+        let epoch = self.epoch;
+        let fence = tokio::task::spawn_blocking(move || -> Result<u64, StoreError> {
+            let fence = read_fence(&dir)?;
+            if fence < epoch {
+                write_fence(&dir, epoch)?;
+            }
+            Ok(fence)
+        })
+        .await
+        .map_err(|e| StoreError::Failed(format!("raising the fence panicked: {e}")))??;
+        if fence > epoch {
+            return Err(StoreError::Fenced { topic, partition, epoch, fence });
+        }
         let meta = self
             .metadata
             .read(|s| s.topic(&topic).map(|t| t.partitions.get(partition as usize).cloned()))
@@ -203,99 +249,339 @@ impl PartitionWriter {
                     partition,
                 })
             })?;
-        if let Some(open) = meta.open_segment() {
-            // Only a member of the open segment's ensemble holds a replica of it: any other
-            // local segment at that offset (a fresh empty log starts at 0) is not one.
-            let member = open.ensemble.contains(&self.config.agent_id);
-            let local = self
-                .log()
-                .segments()
+        let chain = meta.clone();
+        self.on_log("trim", move |log| trim_to_metadata(log, &chain).map(|_| ())).await?;
+        if let Some(open) = meta.open_segment().cloned() {
+            self.recover(&open).await?;
+        }
+        let next_base = self
+            .metadata
+            .read(|s| s.topics.get(&topic).map(|t| t.partitions[partition as usize].next_segment_base()))
+            .await?
+            .ok_or_else(|| StoreError::Metadata(silt_metadata::MetadataError::UnknownTopic(topic.clone())))?;
+        // Segments of the partition this agent holds no replica of are a gap in its log: their
+        // offsets are read from other replicas or the archive.
+        self.on_log("start", move |log| log.start_segment_at(next_base)).await?;
+        self.open_segment().await
+    }
+
+    /// Seals the segment a former writer left open (BookKeeper's ledger recovery): fences its
+    /// replicas at this epoch, reads what at least R - W + 1 of them hold (a member whose
+    /// data directory was replaced holds nothing and does not count), copies the longest
+    /// tail to every replica that answered with less, and seals the segment there by a
+    /// compare-and-set on the epoch. Every acknowledged batch is on W replicas, so on one of
+    /// those that answered: the seal never drops one. Replicas that did not answer are cut
+    /// back to the sealed end when they open their log again.
+    async fn recover(&mut self, open: &Segment) -> Result<(), StoreError> {
+        let me = self.config.agent_id.clone();
+        let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
+        let members = &open.ensemble;
+        let w = self.config.write_quorum.clamp(1, members.len().max(1));
+        let needed = members.len() + 1 - w;
+        let target = ReplicaTarget {
+            topic_id: self.config.topic_id,
+            epoch: self.epoch,
+            segment: base,
+            segment_epoch: open.epoch,
+        };
+        let addrs: Vec<Option<String>> = self
+            .metadata
+            .read_local(|s| members.iter().map(|m| s.agents.get(m).map(|a| a.addr.clone())).collect());
+        let fences: futures::stream::FuturesUnordered<_> = members
+            .iter()
+            .zip(&addrs)
+            .filter(|(m, _)| **m != me)
+            .map(|(m, addr)| {
+                let (peers, target, topic) = (self.peers.clone(), target.clone(), topic.clone());
+                async move {
+                    let r = match addr {
+                        Some(addr) => peers.replica_fence((m, addr), &topic, partition, &target).await,
+                        None => {
+                            Err(crate::error::ApiError::unavailable(format!("agent '{m}' is not registered")))
+                        }
+                    };
+                    (m.clone(), r.map_err(|e| e.message))
+                }
+            })
+            .collect();
+        let mut held: Vec<(String, HeldSegment)> = Vec::new();
+        let mut missing: Vec<String> = Vec::new();
+        let mut lost: Vec<String> = Vec::new();
+        let classify = |m: String,
+                        answer: Result<HeldSegment, String>,
+                        held: &mut Vec<(String, HeldSegment)>,
+                        missing: &mut Vec<String>,
+                        lost: &mut Vec<String>| {
+            let recorded = members
                 .iter()
-                .find(|s| member && s.base_offset() == open.base_offset)
-                .map(SealedSummary::of);
-            if !member {
-                // The open segment's records are on other agents' disks: sealing it here would
-                // drop acknowledged messages. Wait until one of them writes it again (metadata
-                // gives the partition back to a returning ensemble member).
-                return Err(StoreError::Failed(format!(
-                    "partition {topic}/{partition} is waiting for its open segment at offset {} held by agent(s) {}; \
-                     it becomes writable when one of them is back",
-                    open.base_offset,
-                    open.ensemble.join(", ")
-                )));
+                .position(|x| *x == m)
+                .and_then(|i| open.instances.get(i))
+                .filter(|i| !i.is_empty());
+            match answer {
+                Ok(h) if recorded.is_some_and(|i| *i != h.instance) => lost.push(m),
+                Ok(h) => held.push((m, h)),
+                Err(e) => missing.push(format!("{m}: {e}")),
             }
-            if local.is_none() {
-                error!(
-                    base_offset = open.base_offset,
-                    "this agent held the open segment but its local log does not have it (a new or wiped data \
-                     directory); sealing it empty: whatever it held was on this agent only and is lost"
-                );
-            }
-            let summary = local.unwrap_or(SealedSummary {
-                base_offset: open.base_offset,
+        };
+        if members.contains(&me) {
+            let local = HeldSegment::of(self.log(), base, open.epoch, &self.config.instance)
+                .map_err(|e| e.to_string());
+            classify(me.clone(), local, &mut held, &mut missing, &mut lost);
+        }
+        // Enough answers is enough: a member that is slow or paused is not waited for. Every
+        // member that answered is fenced (the former writer too: an agent stops its writer of
+        // an older epoch before it answers), so the former writer, needing W - 1 followers,
+        // can no longer gather a quorum.
+        let mut fences = fences;
+        while held.len() < needed {
+            let Some((m, answer)) = fences.next().await else { break };
+            classify(m, answer, &mut held, &mut missing, &mut lost);
+        }
+        drop(fences);
+        let counted = held.len();
+        if !lost.is_empty() {
+            // A member whose data directory was replaced holds nothing of the segment.
+            let level = if lost.len() >= w {
+                "every replica of some acknowledged batches may be lost"
+            } else {
+                "the others hold what it held"
+            };
+            warn!(lost = %lost.join(", "), "replicas of the open segment were on disks that are gone; {level}");
+        }
+        // Waiting helps only while some member may come back with what it holds; when every
+        // member answered or is known to have lost its disk, the longest answer is all there is.
+        if counted < needed && !missing.is_empty() {
+            return Err(StoreError::NotEnoughReplicas(format!(
+                "partition {topic}/{partition} is waiting for its open segment at offset {base} held by agent(s) {}: \
+                 recovering it needs {needed} of them to answer, {counted} did{}{}; it becomes writable when enough of them are back",
+                members.join(", "),
+                if missing.is_empty() { "" } else { ": " },
+                missing.join("; ")
+            )));
+        }
+        let Some((source, best)) = held.iter().max_by_key(|(_, h)| h.end_offset).cloned() else {
+            error!(
+                base_offset = base,
+                "no replica of the open segment is left (their disks were replaced); sealing it empty: what it held is lost"
+            );
+            let empty = SealedSummary {
+                base_offset: base,
                 record_count: 0,
                 size_bytes: 0,
                 min_timestamp_ms: None,
                 max_timestamp_ms: None,
-                next_base: open.base_offset,
-            });
-            self.metadata.write(self.seal_command(&summary)).await?;
+            };
+            self.metadata.write(self.seal_command(&empty)).await?;
+            return Ok(());
+        };
+        let end = best.end_offset;
+        let mut holders = held.iter().filter(|(_, h)| h.end_offset == end).count();
+        for (m, h) in held.iter().filter(|(_, h)| h.end_offset < end) {
+            match self.copy_tail(&target, &source, m, h.end_offset, end).await {
+                Ok(()) => holders += 1,
+                Err(e) => warn!(replica = %m, error = %e, "copying the recovered tail to a replica failed"),
+            }
         }
-        let next_base = self
-            .metadata
-            .read(|s| s.topic(&topic).map(|t| t.partitions[partition as usize].next_segment_base()))
-            .await??;
-        let local_next = self.log().next_offset();
-        let empty = self.log().segments().len() == 1 && self.log().active().record_count() == 0;
-        if local_next < next_base && empty {
-            // A fresh replica (new disk, or metadata rebuilt from the bucket): earlier offsets
-            // are archived or on other replicas; this log starts where the next segment does.
-            info!(from = local_next, to = next_base, "starting an empty local log at the partition's end");
-            self.on_log("reset", move |log| log.restart_empty_at(next_base)).await?;
-        } else if local_next < next_base && self.local_log_is_archived(&topic, partition).await? {
-            // Other agents wrote the partition since this one did, and everything this log
-            // holds is in the bucket: it is only a cache, so start afresh at the end.
-            info!(
-                from = local_next,
-                to = next_base,
-                "local log is archived; starting afresh at the partition's end"
-            );
-            self.on_log("reset", move |log| log.reset_at(next_base)).await?;
-        }
-        let local_next = self.log().next_offset();
-        if local_next != next_base {
-            return Err(StoreError::Failed(format!(
-                "local log of {topic}/{partition} ends at offset {local_next} but metadata says the next segment starts at {next_base}; refusing to serve a log that disagrees with metadata"
+        if holders < w.min(held.len()) && end > base {
+            return Err(StoreError::NotEnoughReplicas(format!(
+                "partition {topic}/{partition}: the recovered tail of segment {base} is on {holders} replica(s), \
+                 min.insync.replicas is {w}; retrying"
             )));
         }
-        if self.log().active().record_count() > 0 {
-            self.on_log("roll", |log| log.roll()).await?;
-        }
-        self.metadata.write(self.open_command()).await?;
+        let summary = SealedSummary {
+            base_offset: base,
+            record_count: end - base,
+            size_bytes: best.size_bytes,
+            min_timestamp_ms: best.min_timestamp_ms,
+            max_timestamp_ms: best.max_timestamp_ms,
+        };
+        self.metadata.write(self.seal_command(&summary)).await?;
+        info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");
         Ok(())
     }
 
-    /// Whether every record of the local log is in an archived segment (or was deleted by
-    /// retention), by a linearizable read of metadata.
-    async fn local_log_is_archived(&self, topic: &str, partition: u32) -> Result<bool, StoreError> {
-        let ranges: Vec<(u64, u64)> = self
-            .log()
-            .segments()
-            .iter()
-            .filter(|s| s.record_count() > 0)
-            .map(|s| (s.base_offset(), s.next_offset() - 1))
-            .collect();
-        let topic = topic.to_string();
-        let covered = self
-            .metadata
-            .read(move |s| {
-                s.topics
-                    .get(&topic)
-                    .and_then(|t| t.partitions.get(partition as usize))
-                    .is_some_and(|p| ranges.iter().all(|&(first, last)| p.is_archived(first, last)))
-            })
-            .await?;
-        Ok(covered)
+    /// Copies the batches `[from, end)` of a segment from replica `source` to replica `dest`
+    /// (either may be this agent's own log).
+    async fn copy_tail(
+        &mut self,
+        target: &ReplicaTarget,
+        source: &str,
+        dest: &str,
+        from: u64,
+        end: u64,
+    ) -> Result<(), StoreError> {
+        let me = self.config.agent_id.clone();
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition);
+        let metadata = self.metadata.clone();
+        let addr_of = |agent: &str| {
+            metadata
+                .read_local(|s| s.agents.get(agent).map(|a| a.addr.clone()))
+                .ok_or_else(|| StoreError::NotEnoughReplicas(format!("agent '{agent}' is not registered")))
+        };
+        let mut next = from;
+        while next < end {
+            let body = if source == me {
+                let reader = Arc::clone(&self.log().reader());
+                tokio::task::spawn_blocking(move || reader.read(next, REPLICA_READ_BYTES_MAX))
+                    .await
+                    .map_err(|e| StoreError::Failed(format!("read task panicked: {e}")))??
+                    .batches
+            } else {
+                let addr = addr_of(source)?;
+                let body = self
+                    .peers
+                    .replica_batches((source, &addr), &topic, partition, target, next)
+                    .await
+                    .map_err(|e| StoreError::NotEnoughReplicas(e.message))?;
+                split_batches(body)?
+            };
+            let batches: Vec<RecordBatch> = body
+                .into_iter()
+                .skip_while(|b| b.last_offset() < next)
+                .take_while(|b| {
+                    b.base_offset() < end
+                        && i64::from(b.partition_leader_epoch()) == target.segment_epoch as i64
+                })
+                .collect();
+            let Some(last) = batches.last().map(|b| b.next_offset()) else {
+                return Err(StoreError::NotEnoughReplicas(format!(
+                    "replica {source} holds nothing of segment {} at offset {next}",
+                    target.segment
+                )));
+            };
+            if dest == me {
+                let base = target.segment;
+                self.on_log("copy", move |log| {
+                    log.start_segment_at(base)?;
+                    log.append_replicated(&batches)
+                })
+                .await?;
+            } else {
+                let addr = addr_of(dest)?;
+                self.peers
+                    .replica_append((dest, &addr), &topic, partition, target, join_batches(&batches))
+                    .await
+                    .map_err(|e| StoreError::NotEnoughReplicas(e.message))?;
+            }
+            next = last;
+        }
+        Ok(())
+    }
+
+    /// Opens a segment at the log's end with a new ensemble (this agent and R - 1 live
+    /// agents, the least busy first) and starts streaming to it.
+    async fn open_segment(&mut self) -> Result<(), StoreError> {
+        self.ensemble = None;
+        let base = self.log().next_offset();
+        let (ensemble, instances) = self.choose_ensemble()?;
+        let open = Command::OpenSegment {
+            topic: self.config.topic.clone(),
+            topic_id: Some(self.config.topic_id),
+            partition: self.config.partition,
+            epoch: self.epoch,
+            base_offset: base,
+            ensemble,
+            instances,
+            now_ms: now_ms(),
+        };
+        match self.metadata.write(open).await {
+            Ok(_) => {}
+            // A retry after a lost reply finds the segment open already.
+            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_open_in_metadata(base).await => {
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let me = self.config.agent_id.clone();
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
+        let followers: Vec<(String, String)> = self.metadata.read_local(|s| {
+            let Some(seg) =
+                s.topics.get(&topic).and_then(|t| t.partitions.get(partition)).and_then(|p| p.open_segment())
+            else {
+                return Vec::new();
+            };
+            seg.ensemble
+                .iter()
+                .filter(|a| **a != me)
+                .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))
+                .collect()
+        });
+        let target = ReplicaTarget {
+            topic_id: self.config.topic_id,
+            epoch: self.epoch,
+            segment: base,
+            segment_epoch: self.epoch,
+        };
+        self.ensemble = Some(Ensemble::start(
+            &self.peers,
+            &self.config.topic,
+            self.config.partition,
+            target,
+            followers,
+            self.config.write_quorum,
+        ));
+        Ok(())
+    }
+
+    /// Whether a new segment would get a better ensemble than the open one: a member's data
+    /// directory changed since it opened, or it is short of replication.factor and more
+    /// agents are live.
+    fn ensemble_can_improve(&self, size: usize) -> bool {
+        let (topic, partition) = (self.config.topic.as_str(), self.config.partition as usize);
+        self.metadata.read_local(|s| {
+            let Some(open) =
+                s.topics.get(topic).and_then(|t| t.partitions.get(partition)).and_then(|p| p.open_segment())
+            else {
+                return false;
+            };
+            let replaced = open.ensemble.iter().zip(&open.instances).any(|(a, recorded)| {
+                s.agents.get(a).is_some_and(|i| !recorded.is_empty() && i.instance != *recorded)
+            });
+            replaced || (size < self.config.replication_factor && s.live_agents().count() > size)
+        })
+    }
+
+    /// This agent first, then R - 1 live agents that are members of the fewest open
+    /// segments. Fewer than W live agents is an error: nothing could be acknowledged.
+    fn choose_ensemble(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
+        let me = self.config.agent_id.as_str();
+        let (r, w) = (self.config.replication_factor.max(1), self.config.write_quorum.max(1));
+        let (chosen, instances, live) = self.metadata.read_local(|s| {
+            let mut load: std::collections::BTreeMap<&str, usize> =
+                s.live_agents().filter(|a| a.id != me).map(|a| (a.id.as_str(), 0)).collect();
+            for seg in s.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.open_segment()) {
+                for a in &seg.ensemble {
+                    if let Some(n) = load.get_mut(a.as_str()) {
+                        *n += 1;
+                    }
+                }
+            }
+            let live = load.len() + 1;
+            let mut others: Vec<(&str, usize)> = load.into_iter().collect();
+            others.sort_by_key(|(id, n)| (*n, *id));
+            let chosen: Vec<String> = std::iter::once(me)
+                .chain(others.into_iter().map(|(id, _)| id))
+                .take(r)
+                .map(String::from)
+                .collect();
+            let instances = chosen
+                .iter()
+                .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
+                .collect();
+            (chosen, instances, live)
+        });
+        if chosen.len() < w {
+            return Err(StoreError::NotEnoughReplicas(format!(
+                "replication.factor {r} with min.insync.replicas {w} needs at least {w} live agents to open a segment; {live} are live"
+            )));
+        }
+        if chosen.len() < r {
+            warn!(
+                replicas = chosen.len(),
+                replication_factor = r,
+                "opening an under-replicated segment: too few live agents"
+            );
+        }
+        Ok((chosen, instances))
     }
 
     fn seal_command(&self, s: &SealedSummary) -> Command {
@@ -309,18 +595,6 @@ impl PartitionWriter {
             size_bytes: s.size_bytes,
             min_timestamp_ms: s.min_timestamp_ms,
             max_timestamp_ms: s.max_timestamp_ms,
-            now_ms: now_ms(),
-        }
-    }
-
-    fn open_command(&self) -> Command {
-        Command::OpenSegment {
-            topic: self.config.topic.clone(),
-            topic_id: Some(self.config.topic_id),
-            partition: self.config.partition,
-            epoch: self.epoch,
-            base_offset: self.log().next_offset(),
-            ensemble: vec![self.config.agent_id.clone()],
             now_ms: now_ms(),
         }
     }
@@ -366,6 +640,10 @@ impl PartitionWriter {
                 }
             }
             self.process(group).await;
+            if self.quorum_lost {
+                self.abandon().await;
+                break;
+            }
             if let Some(reason) = self.failed.clone() {
                 // Refuse writes for a while, then end: the agent's supervisor starts a new
                 // writer, which recovers the log from disk (never retrying on the same state).
@@ -430,21 +708,38 @@ impl PartitionWriter {
             // Move the batches out so their bytes are not shared: stamping offsets then needs no copy.
             let (batches, replies): (Vec<RecordBatch>, Vec<_>) =
                 chunk.into_iter().map(|r| (r.batch, (r.reply, r.permit))).unzip();
-            let epoch = self.epoch;
-            let started = Instant::now();
-            let result = self
-                .on_log("append", move |log| {
-                    let ranges = log.append_and_sync(batches, epoch)?;
-                    log.publish();
-                    Ok(ranges)
+            let epoch = i32::try_from(self.epoch).unwrap_or(i32::MAX);
+            let mut next = self.log().next_offset();
+            let stamped: Vec<RecordBatch> = batches
+                .into_iter()
+                .map(|b| {
+                    let b = b.with_offsets(next, epoch);
+                    next = b.next_offset();
+                    b
                 })
-                .await;
-            self.metrics.fsync_seconds.observe(started.elapsed().as_secs_f64());
+                .collect();
+            let ranges: Vec<(u64, u64)> =
+                stamped.iter().map(|b| (b.base_offset(), b.last_offset())).collect();
+            let result = self.write_replicated(stamped, next).await;
             match result {
-                Ok(ranges) => {
+                Ok(()) => {
                     self.first_append_at.get_or_insert_with(Instant::now);
                     for ((reply, _permit), range) in replies.into_iter().zip(ranges) {
                         let _ = reply.send(Ok(range));
+                    }
+                    if self.ensemble.as_ref().is_some_and(|e| e.degraded()) {
+                        // A follower left: the next batches go to a segment with a full
+                        // ensemble rather than wait for the next tick.
+                        info!("a follower left the open segment's ensemble; rolling to a segment with a new ensemble");
+                        self.roll().await;
+                    }
+                }
+                Err(e @ StoreError::NotEnoughReplicas(_)) => {
+                    error!(error = %e, "lost the write quorum; this writer ends and the partition is recovered under a new epoch");
+                    self.failed.get_or_insert_with(|| e.to_string());
+                    self.quorum_lost = true;
+                    for (reply, _permit) in replies {
+                        let _ = reply.send(Err(StoreError::NotEnoughReplicas(e.to_string())));
                     }
                 }
                 Err(e) => {
@@ -458,10 +753,65 @@ impl PartitionWriter {
         }
     }
 
+    /// Writes stamped batches (ending at `end`) to the local replica and the followers at
+    /// once, and returns when the local fsync and W - 1 followers' fsyncs are done; only then
+    /// are they visible to readers.
+    async fn write_replicated(&mut self, batches: Vec<RecordBatch>, end: u64) -> Result<(), StoreError> {
+        let Some(mut log) = self.log.take() else {
+            return Err(StoreError::Failed(self.failed.clone().unwrap_or_else(|| "the log is gone".into())));
+        };
+        let local_batches = batches.clone();
+        let local = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let r = log.append_replicated(&local_batches);
+            (log, r, started.elapsed())
+        });
+        let replicated = match &self.ensemble {
+            Some(e) => e.replicate(&batches, end).await,
+            None => Err(StoreError::NotEnoughReplicas("the open segment has no ensemble".into())),
+        };
+        let local = match local.await {
+            Ok((log, r, took)) => {
+                self.log = Some(log);
+                self.metrics.fsync_seconds.observe(took.as_secs_f64());
+                r
+            }
+            Err(e) => {
+                let reason = format!("append task panicked: {e}");
+                self.failed = Some(reason.clone());
+                return Err(StoreError::Failed(reason));
+            }
+        };
+        local?;
+        replicated?;
+        self.log().publish();
+        Ok(())
+    }
+
+    /// After the write quorum was lost: takes a new epoch for this agent (so that nothing the
+    /// ended writer still had in flight is accepted by a replica after the next writer fenced
+    /// them), and lets the agent start a new writer, which recovers the open segment.
+    async fn abandon(&mut self) {
+        self.ensemble = None;
+        let claim = Command::ClaimWriter {
+            topic: self.config.topic.clone(),
+            partition: self.config.partition,
+            agent: self.config.agent_id.clone(),
+            expected_epoch: Some(self.epoch),
+        };
+        match self.metadata.write(claim).await {
+            Ok(_) => info!("took a new epoch to recover the partition"),
+            Err(e) => {
+                warn!(error = %e, "taking a new epoch failed; metadata or the lease decides the next writer")
+            }
+        }
+    }
+
     /// On a clean stop, leaves no open segment of this agent in metadata: an empty one is
     /// removed, one with records is sealed on disk and in metadata. The next writer, here or
     /// on another agent, then starts at the partition's end without recovering anything.
     async fn close(&mut self) {
+        self.ensemble = None;
         if self.failed.is_some() {
             return;
         }
@@ -499,11 +849,29 @@ impl PartitionWriter {
             return;
         }
         self.trim_local().await;
+        if let Some(e) = &self.ensemble {
+            *self.lag.lock().unwrap_or_else(|e| e.into_inner()) = e.lag(self.log().next_offset());
+        }
         let old = self
             .first_append_at
             .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
-        if old && self.log().active().record_count() > 0 {
+        let degraded = self.ensemble.as_ref().is_some_and(|e| {
+            // A follower left, or lost its disk (it registered from another data directory),
+            // or the segment opened with fewer replicas than replication.factor and more
+            // agents are live now.
+            e.degraded() || self.ensemble_can_improve(e.size())
+        });
+        if (old || degraded) && self.log().active().record_count() > 0 {
+            if degraded {
+                info!("the open segment's ensemble lost a follower or can grow; rolling to a segment with a new ensemble");
+            }
             self.roll().await;
+        } else if degraded {
+            // Nothing written to it yet: open it again with a new ensemble.
+            self.roll_pending = Some(SealedSummary::of(self.log().active()));
+            if let Err(e) = self.finish_pending_roll().await {
+                warn!(error = %e, "opening the segment with a new ensemble failed; will retry");
+            }
         }
     }
 
@@ -580,6 +948,7 @@ impl PartitionWriter {
         let summary = SealedSummary::of(self.log().active());
         match self.on_log("roll", |log| log.roll()).await {
             Ok(()) => {
+                self.ensemble = None;
                 self.first_append_at = None;
                 info!(base_offset = summary.base_offset, records = summary.record_count, "segment sealed");
                 self.roll_pending = Some(summary);
@@ -637,12 +1006,7 @@ impl PartitionWriter {
             }
             Err(e) => return Err(e.into()),
         }
-        match self.metadata.write(self.open_command()).await {
-            Ok(_) => {}
-            Err(silt_metadata::MetadataError::InvalidArgument(_))
-                if self.is_open_in_metadata(summary.next_base).await => {}
-            Err(e) => return Err(e.into()),
-        }
+        self.open_segment().await?;
         self.roll_pending = None;
         Ok(())
     }

@@ -23,6 +23,24 @@ pub const FORWARDED_HEADER: &str = "x-silt-forwarded-by";
 /// Longest a forwarded request may take beyond its own wait (a poll's timeout).
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a replica append or fence may take before the writer counts that replica as failed.
+pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most bytes one read of a replica's batches returns (recovery copies tails in such steps).
+pub const REPLICA_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Which segment of which partition a replica request is about, and from which writer epoch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplicaTarget {
+    /// The topic's id: a deleted and re-created topic of the same name is another topic.
+    pub topic_id: u64,
+    /// The sending writer's epoch; replicas refuse epochs older than the newest they saw.
+    pub epoch: u64,
+    /// The segment's base offset.
+    pub segment: u64,
+    /// The epoch the segment was opened under (stamped on each of its batches).
+    pub segment_epoch: u64,
+}
+
 /// A record between agents.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WireRecord {
@@ -126,6 +144,7 @@ struct ErrorDetail {
 const CODES: &[&str] = &[
     "corrupt_data",
     "empty_request",
+    "fenced",
     "group_mode_mismatch",
     "internal",
     "invalid_ack",
@@ -145,6 +164,7 @@ const CODES: &[&str] = &[
     "not_found",
     "not_writer",
     "offset_out_of_range",
+    "replica_diverged",
     "storage_error",
     "too_many_messages",
     "topic_exists",
@@ -179,10 +199,20 @@ impl Peers {
         request: reqwest::RequestBuilder,
         wait: Duration,
     ) -> Result<T, ApiError> {
+        self.send_within(agent, addr, request, wait + PEER_TIMEOUT).await
+    }
+
+    async fn send_within<T: serde::de::DeserializeOwned>(
+        &self,
+        agent: &str,
+        addr: &str,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<T, ApiError> {
         let reply =
-            request.header(FORWARDED_HEADER, &self.me).timeout(wait + PEER_TIMEOUT).send().await.map_err(
-                |e| ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}")),
-            )?;
+            request.header(FORWARDED_HEADER, &self.me).timeout(timeout).send().await.map_err(|e| {
+                ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}"))
+            })?;
         let status = reply.status();
         let body = reply.bytes().await.map_err(|e| {
             ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
@@ -269,6 +299,78 @@ impl Peers {
             .get(Self::url(addr, path))
             .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
         self.send(agent, addr, request, Duration::ZERO).await
+    }
+
+    /// Appends a writer's batches to a follower's replica; returns the end it holds.
+    pub async fn replica_append(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        batches: Bytes,
+    ) -> Result<u64, ApiError> {
+        #[derive(Deserialize)]
+        struct End {
+            end_offset: u64,
+        }
+        let request = self
+            .http
+            .post(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/append")))
+            .query(target)
+            .header("content-type", "application/vnd.kafka.record-batch.v2")
+            .body(batches);
+        let e: End = self.send_within(agent, addr, request, REPLICA_TIMEOUT).await?;
+        Ok(e.end_offset)
+    }
+
+    /// Raises a replica's fence to `target.epoch` and returns what it holds of the segment.
+    pub async fn replica_fence(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<crate::replica::HeldSegment, ApiError> {
+        let request = self
+            .http
+            .post(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/fence")))
+            .query(target);
+        self.send_within(agent, addr, request, REPLICA_TIMEOUT).await
+    }
+
+    /// Reads whole batches of a replica's segment from `from` on, as stored (recovery copies
+    /// a segment's tail with it); empty when the replica holds nothing there.
+    pub async fn replica_batches(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        from: u64,
+    ) -> Result<Bytes, ApiError> {
+        let request = self
+            .http
+            .get(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/batches")))
+            .query(target)
+            .query(&[("from", from)])
+            .timeout(REPLICA_TIMEOUT)
+            .header(FORWARDED_HEADER, &self.me);
+        let reply = request
+            .send()
+            .await
+            .map_err(|e| ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}")))?;
+        let status = reply.status();
+        let body = reply.bytes().await.map_err(|e| {
+            ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
+        })?;
+        if !status.is_success() {
+            return Err(ApiError::unavailable(format!(
+                "agent '{agent}' at {addr} answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            )));
+        }
+        Ok(body)
     }
 
     /// The first offset at or after a time, from the partition's writer.

@@ -431,6 +431,64 @@ impl Segment {
         &self.path
     }
 
+    /// The epoch stamped on the segment's first batch (every batch of a segment carries the
+    /// epoch it was opened under), or `None` if it holds none.
+    pub fn first_epoch(&self) -> Result<Option<i32>, StoreError> {
+        if self.size_bytes == 0 {
+            return Ok(None);
+        }
+        let batch = self.read_batch_at(0, self.size_bytes).map_err(|e| {
+            StoreError::Failed(format!("{}: first batch unreadable: {e}", self.path.display()))
+        })?;
+        Ok(Some(batch.partition_leader_epoch()))
+    }
+
+    /// Cuts the segment back to `end_offset`, which must be a batch boundary: the records from
+    /// there on were never acknowledged (recovery sealed the segment shorter, or another
+    /// writer's segment took these offsets). Returns the segment as reopened from disk; it is
+    /// sealed again (index files) if `sealed`.
+    pub fn truncated(self, end_offset: u64, sealed: bool) -> Result<Segment, StoreError> {
+        if end_offset >= self.next_offset {
+            return Ok(self);
+        }
+        let view = self.view(self.size_bytes, self.next_offset);
+        let mut at = view.entry_for(end_offset.max(self.base_offset));
+        while at.offset < end_offset {
+            let batch = self
+                .read_batch_at(at.position, self.size_bytes)
+                .map_err(|e| StoreError::Failed(format!("{}: cannot truncate: {e}", self.path.display())))?;
+            if batch.next_offset() > end_offset {
+                return Err(StoreError::Failed(format!(
+                    "{}: offset {end_offset} is inside the batch {}..={}, not at a batch boundary",
+                    self.path.display(),
+                    batch.base_offset(),
+                    batch.last_offset()
+                )));
+            }
+            at = IndexEntry { offset: batch.next_offset(), position: at.position + batch.len_bytes() as u64 };
+        }
+        warn!(
+            path = %self.path.display(),
+            from = end_offset,
+            to = self.next_offset,
+            "truncating records that were never acknowledged"
+        );
+        for p in [self.path.with_extension("index"), self.path.with_extension("timeindex")] {
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(&p, "remove", e)),
+            }
+        }
+        self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+        self.file.sync_all().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
+        let (segment, _) = Segment::open(&self.path, self.base_offset, false)?;
+        if sealed {
+            segment.seal()?;
+        }
+        Ok(segment)
+    }
+
     /// Deletes the segment's files.
     pub fn delete_files(&self) -> Result<(), StoreError> {
         for p in [self.path.clone(), self.path.with_extension("index"), self.path.with_extension("timeindex")]

@@ -211,13 +211,6 @@ fn unavailable(w: &Workload, system: &str, r: u32, rate: &str, reason: String) -
     }
 }
 
-fn silt_r3_reason(r: u32, e: &dyn std::fmt::Display) -> String {
-    format!(
-        "Silt R={r}: not available: replication (issue #5) not built; the server refused the topic \
-         config replication.factor={r} ({e})."
-    )
-}
-
 async fn run_produce_workload(
     args: &Args,
     work: &Path,
@@ -228,21 +221,19 @@ async fn run_produce_workload(
     let mut out = Vec::new();
     let rates = rates(spec);
 
-    // Silt: one server for the workload, a fresh topic for every run.
-    eprintln!("== {}: silt", w.name);
-    let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}"))).await?;
+    // Silt: one server per replication factor (`silt dev --agents R`: R agents in one process,
+    // each with its own data directory), a fresh topic for every run.
     for &r in &w.replication_factors {
+        eprintln!("== {}: silt R={r}", w.name);
+        let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r).await?;
         let mut max: Option<f64> = None;
         for (ri, rate) in rates.iter().enumerate() {
             let topic = format!("w{wi}-r{r}-{ri}");
             let client = server.client()?;
-            if let Err(e) = client.create_topic(&topic, w.partitions, &w.silt_topic_config(r)).await {
-                if r == 1 {
-                    return Err(e).context("cannot create the Silt topic");
-                }
-                out.push(unavailable(w, "silt", r, &rate.label(), silt_r3_reason(r, &e)));
-                continue;
-            }
+            client
+                .create_topic(&topic, w.partitions, &w.silt_topic_config(r))
+                .await
+                .context("cannot create the Silt topic")?;
             let target_rate = target(rate, max);
             eprintln!("   silt R={r} {}", rate.label());
             let target: Arc<dyn ProduceTarget> =
@@ -273,8 +264,8 @@ async fn run_produce_workload(
             out.push(res);
             let _ = client.delete_topic(&topic).await;
         }
+        tokio::task::spawn_blocking(move || server.stop()).await?;
     }
-    tokio::task::spawn_blocking(move || server.stop()).await?;
 
     // NATS JetStream: R servers for each replication factor.
     for &r in &w.replication_factors {
@@ -416,34 +407,20 @@ async fn run_replay_workload(
 ) -> anyhow::Result<Vec<ReplayEntry>> {
     let Some(spec) = &w.replay else { return Ok(Vec::new()) };
     let mut out = Vec::new();
-    eprintln!("== {}: silt ({} MiB)", w.name, spec.total_mib);
-    let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}"))).await?;
     for &r in &w.replication_factors {
-        let entry = |available, reason, result| ReplayEntry {
+        eprintln!("== {}: silt R={r} ({} MiB)", w.name, spec.total_mib);
+        let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r).await?;
+        let res = silt_bench::replay::run(&server, w, spec, &format!("w{wi}-replay-r{r}"), r).await?;
+        out.push(ReplayEntry {
             workload: w.name.clone(),
             system: "silt".into(),
             replication: r,
-            available,
-            reason,
-            result,
-        };
-        if r == 1 {
-            let res = silt_bench::replay::run(&server, w, spec, &format!("w{wi}-replay")).await?;
-            out.push(entry(true, None, Some(res)));
-            continue;
-        }
-        let client = server.client()?;
-        let topic = format!("w{wi}-replay-r{r}");
-        match client.create_topic(&topic, w.partitions, &w.silt_topic_config(r)).await {
-            Err(e) => out.push(entry(false, Some(silt_r3_reason(r, &e)), None)),
-            Ok(_) => {
-                // Replication exists: run the same workload at this factor.
-                let _ = client.delete_topic(&topic).await;
-                out.push(entry(false, Some(format!("R={r} replay is not wired into the tool yet")), None));
-            }
-        }
+            available: true,
+            reason: None,
+            result: Some(res),
+        });
+        tokio::task::spawn_blocking(move || server.stop()).await?;
     }
-    tokio::task::spawn_blocking(move || server.stop()).await?;
     for &r in &w.replication_factors {
         out.push(ReplayEntry {
             workload: w.name.clone(),

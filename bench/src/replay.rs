@@ -109,9 +109,10 @@ pub async fn run(
     w: &Workload,
     spec: &ReplaySpec,
     topic: &str,
+    replication: u32,
 ) -> anyhow::Result<ReplayResult> {
     let client = server.client()?;
-    client.create_topic(topic, w.partitions, &w.silt_topic_config(1)).await?;
+    client.create_topic(topic, w.partitions, &w.silt_topic_config(replication)).await?;
     let per_message = w.message_bytes as u64;
     let messages = spec.total_mib * 1024 * 1024 / per_message;
     let mut r = ReplayResult { messages, value_bytes: messages * per_message, ..ReplayResult::default() };

@@ -24,12 +24,13 @@ pub struct SiltServer {
 }
 
 impl SiltServer {
-    /// Starts `silt dev` and waits until it serves.
-    pub async fn start(bin: &Path, data_dir: &Path) -> anyhow::Result<SiltServer> {
+    /// Starts `silt dev` with `agents` agents (each segment on `min(agents, 3)` of their
+    /// disks) and waits until it serves.
+    pub async fn start(bin: &Path, data_dir: &Path, agents: u32) -> anyhow::Result<SiltServer> {
         std::fs::create_dir_all(data_dir)?;
         let log = std::fs::File::create(data_dir.with_extension("log"))?;
         let mut child = Command::new(bin)
-            .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["dev", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
             .arg(data_dir)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -41,7 +42,7 @@ impl SiltServer {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on ").nth(1) {
+                if let Some(rest) = line.strip_prefix("silt dev listening on ") {
                     let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
                 }
             }

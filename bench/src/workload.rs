@@ -158,12 +158,10 @@ impl Workload {
     }
 
     /// The Silt topic configs for replication factor `r`: the workload's own, plus
-    /// `replication.factor` when `r` is above 1.
+    /// `replication.factor`.
     pub fn silt_topic_config(&self, r: u32) -> BTreeMap<String, String> {
         let mut c = self.silt_topic_config.clone();
-        if r > 1 {
-            c.insert("replication.factor".into(), r.to_string());
-        }
+        c.insert("replication.factor".into(), r.to_string());
         c
     }
 }
@@ -235,7 +233,7 @@ mod tests {
         "#,
         )
         .unwrap();
-        assert!(!w.silt_topic_config(1).contains_key("replication.factor"));
+        assert_eq!(w.silt_topic_config(1)["replication.factor"], "1");
         assert_eq!(w.silt_topic_config(3)["replication.factor"], "3");
         assert_eq!(w.silt_topic_config(3)["segment.bytes"], "1048576");
     }

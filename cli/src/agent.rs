@@ -41,6 +41,8 @@ pub struct AgentProcessConfig {
     pub lease: Duration,
     /// Archive the sealed segments this agent holds.
     pub compactor: bool,
+    /// `replication.factor` of topics created through this agent without one.
+    pub default_replication_factor: u32,
 }
 
 /// The address other agents reach this one at when `--advertise` is not given: the listener's,
@@ -74,7 +76,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         .await
         .with_context(|| format!("cannot reach the metadata cluster at {}", config.metadata.join(",")))?;
     let served = serve(ServeConfig {
-        name: "silt agent",
+        name: "silt agent".into(),
         agent_id: config.id.clone(),
         advertise_addr: advertise,
         listener,
@@ -85,6 +87,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         metadata: Metadata::Remote(remote),
         lease: config.lease,
         compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },
+        default_replication_factor: config.default_replication_factor,
     })
     .await;
     cancel.cancel();

@@ -166,11 +166,17 @@ struct ErrorDetail {
 }
 
 impl Client {
-    /// A client for the agent at `base` (`http://host:port`).
+    /// A client for the agent at `base` (`http://host:port`); a request that takes longer than
+    /// two minutes fails.
     pub fn new(base: &str) -> Result<Client, ClientError> {
+        Self::with_timeout(base, Duration::from_secs(120))
+    }
+
+    /// A client whose requests fail after `timeout` (a long poll needs more than its wait).
+    pub fn with_timeout(base: &str, timeout: Duration) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(120))
+            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
             .build()
             .map_err(|e| ClientError::Transport { url: base.to_string(), source: e })?;
         Ok(Client { base: base.trim_end_matches('/').to_string(), http })

@@ -39,6 +39,8 @@ pub struct DevConfig {
     pub cache_memory_bytes: usize,
     /// Disk of the cold-read cache; 0 turns the disk tier off.
     pub cache_disk_bytes: usize,
+    /// Agents to run in the process (1 to [`AGENTS_MAX`]).
+    pub agents: u32,
 }
 
 /// The compactor reads sealed segments from the agent in the same process.
@@ -69,24 +71,52 @@ pub async fn run(config: DevConfig) -> Result<()> {
     let metadata = MetadataNode::open(&config.data_dir.join("metadata"), 1, addr.to_string())
         .await
         .context("cannot start the metadata service")?;
-    let served = serve(ServeConfig {
-        name: "silt dev",
+    // One agent by default; with --agents N, N agents in this process, each with its own
+    // listener and data directory, so that segments are replicated on N local disks.
+    let agents = config.agents.clamp(1, AGENTS_MAX);
+    let default_replication_factor = if agents == 1 { 1 } else { agents.min(3) };
+    let mut servers = vec![serve(ServeConfig {
+        name: "silt dev".into(),
         agent_id: "dev".into(),
         advertise_addr: addr.to_string(),
         listener,
         data_dir: config.data_dir.clone(),
-        object_store: url,
+        object_store: url.clone(),
         cache_memory_bytes: config.cache_memory_bytes,
         cache_disk_bytes: config.cache_disk_bytes,
         metadata: metadata.clone().into(),
         lease: silt_agent::agent::DEFAULT_LEASE,
         compactor: CompactorScope::All,
-    })
-    .await;
+        default_replication_factor,
+    })];
+    for i in 2..=agents {
+        let id = format!("dev-{i}");
+        let port = if addr.port() == 0 { 0 } else { addr.port() + i as u16 - 1 };
+        let (listener, agent_addr) = bind(SocketAddr::new(addr.ip(), port)).await?;
+        servers.push(serve(ServeConfig {
+            name: format!("silt dev agent {id}"),
+            advertise_addr: agent_addr.to_string(),
+            listener,
+            data_dir: config.data_dir.join("agents").join(&id),
+            agent_id: id,
+            object_store: url.clone(),
+            cache_memory_bytes: config.cache_memory_bytes,
+            cache_disk_bytes: config.cache_disk_bytes,
+            metadata: metadata.clone().into(),
+            lease: silt_agent::agent::DEFAULT_LEASE,
+            // The first agent's compactor archives every segment.
+            compactor: CompactorScope::Off,
+            default_replication_factor,
+        }));
+    }
+    let served: Result<Vec<()>> = futures::future::join_all(servers).await.into_iter().collect();
     metadata.shutdown().await;
     drop(lock);
-    served
+    served.map(|_| ())
 }
+
+/// Most agents `silt dev --agents` runs.
+pub const AGENTS_MAX: u32 = 5;
 
 /// Longest a stopping agent spends archiving what it wrote (systemd's stop timeout is 120 s).
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
@@ -113,7 +143,7 @@ pub enum CompactorScope {
 /// What an agent process (`silt dev`, `silt agent`) serves with.
 pub(crate) struct ServeConfig {
     /// How the startup line names the process.
-    pub name: &'static str,
+    pub name: String,
     pub agent_id: String,
     pub advertise_addr: String,
     pub listener: tokio::net::TcpListener,
@@ -125,6 +155,8 @@ pub(crate) struct ServeConfig {
     pub metadata: Metadata,
     pub lease: std::time::Duration,
     pub compactor: CompactorScope,
+    /// `replication.factor` of topics created without one.
+    pub default_replication_factor: u32,
 }
 
 /// The bucket at `url` as every process uses it: retried, instrumented, and with injected
@@ -175,6 +207,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         config.data_dir.join("agent"),
     );
     agent_config.lease = config.lease;
+    agent_config.default_replication_factor = config.default_replication_factor;
     let agent = Agent::start(
         agent_config,
         config.metadata.clone(),

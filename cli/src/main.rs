@@ -51,6 +51,12 @@ enum Cmd {
         /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
         #[arg(long, default_value_t = 1024 * 1024 * 1024)]
         cache_disk_bytes: usize,
+        /// Agents to run in this process (1 to 5), each on its own port (--listen's port, then
+        /// the next ones) with its own data directory (<data-dir>/agents/dev-N). With 2 or
+        /// more, topics default to replication.factor min(agents, 3): each segment is written
+        /// to that many local disks and a produce is acknowledged once a majority fsynced it.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=5))]
+        agents: u32,
     },
     /// Run one node of a metadata cluster (openraft over HTTP); run three or five of them.
     ///
@@ -144,6 +150,11 @@ enum Cmd {
         /// Do not archive sealed segments from this agent (a `silt compactor` does it).
         #[arg(long)]
         no_compactor: bool,
+        /// replication.factor of topics created through this agent without one: how many
+        /// agents hold each segment. A produce is acknowledged once min.insync.replicas of
+        /// them (a majority by default) have fsynced it.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
+        default_replication_factor: u32,
     },
     /// Run the compactor in its own process, for a cluster of `silt agent`s.
     ///
@@ -403,13 +414,14 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Cmd::Dev { data_dir, listen, object_store, cache_memory_bytes, cache_disk_bytes } => {
+        Cmd::Dev { data_dir, listen, object_store, cache_memory_bytes, cache_disk_bytes, agents } => {
             silt::dev::run(silt::dev::DevConfig {
                 data_dir,
                 listen,
                 object_store,
                 cache_memory_bytes,
                 cache_disk_bytes,
+                agents,
             })
             .await
         }
@@ -424,6 +436,7 @@ async fn run(cli: Cli) -> Result<()> {
             cache_disk_bytes,
             lease,
             no_compactor,
+            default_replication_factor,
         } => {
             silt::agent::run(silt::agent::AgentProcessConfig {
                 id,
@@ -436,6 +449,7 @@ async fn run(cli: Cli) -> Result<()> {
                 cache_disk_bytes,
                 lease,
                 compactor: !no_compactor,
+                default_replication_factor,
             })
             .await
         }

@@ -186,6 +186,11 @@ impl Compactor {
     fn candidates(&self) -> Vec<Candidate> {
         let holder = self.inner.config.holder.as_deref();
         let mut out: Vec<Candidate> = self.inner.metadata.read_local(|s| {
+            // Of the agents holding a segment, the first live one archives it.
+            let archiver = |seg: &silt_metadata::state::Segment| {
+                let live = |a: &&String| s.agents.get(*a).is_some_and(|i| i.is_live(s.clock_ms));
+                seg.ensemble.iter().find(live).or(seg.ensemble.first()).cloned()
+            };
             s.topics
                 .values()
                 .flat_map(|t| {
@@ -194,7 +199,7 @@ impl Compactor {
                             .values()
                             .filter(move |seg| {
                                 seg.state == SegmentState::Sealed
-                                    && holder.is_none_or(|h| seg.ensemble.iter().any(|a| a == h))
+                                    && holder.is_none_or(|h| archiver(seg).as_deref() == Some(h))
                             })
                             .map(move |seg| Candidate {
                                 topic: t.name.clone(),

@@ -62,6 +62,7 @@ async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
         epoch: 1,
         base_offset: 0,
         ensemble: vec!["a".into()],
+        instances: Vec::new(),
         now_ms: 1,
     })
     .await

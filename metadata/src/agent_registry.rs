@@ -328,6 +328,7 @@ mod tests {
             epoch,
             base_offset,
             ensemble: ensemble.iter().map(|a| a.to_string()).collect(),
+            instances: Vec::new(),
             now_ms: 0,
         });
         assert_eq!(r, Response::Ok);

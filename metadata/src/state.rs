@@ -109,8 +109,12 @@ pub struct Segment {
     pub state: SegmentState,
     /// Partition epoch under which the segment was opened.
     pub epoch: u64,
-    /// Agents holding replicas.
+    /// Agents holding replicas; the writer that opened the segment first.
     pub ensemble: Vec<String>,
+    /// The data-directory instance of each ensemble member when the segment was opened
+    /// (empty if unknown): a member whose instance changed since lost its replica.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<String>,
     /// Bytes on disk (known once sealed).
     pub size_bytes: u64,
     /// Records in the segment (known once sealed).
@@ -237,8 +241,11 @@ pub enum Command {
         epoch: u64,
         /// First offset; must follow the last sealed segment.
         base_offset: u64,
-        /// Agents holding replicas.
+        /// Agents holding replicas, the writer first.
         ensemble: Vec<String>,
+        /// Their data-directory instances, in the same order (may be empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        instances: Vec<String>,
         /// Proposer's clock.
         now_ms: u64,
     },
@@ -519,7 +526,16 @@ impl MetadataState {
                 p.writer = Some(agent.clone());
                 Ok(Response::Epoch { epoch: p.epoch })
             }
-            Command::OpenSegment { topic, topic_id, partition, epoch, base_offset, ensemble, now_ms } => {
+            Command::OpenSegment {
+                topic,
+                topic_id,
+                partition,
+                epoch,
+                base_offset,
+                ensemble,
+                instances,
+                now_ms,
+            } => {
                 self.check_topic_id(topic, *topic_id)?;
                 let p = self.partition_mut(topic, *partition)?;
                 check_epoch(p, *epoch)?;
@@ -543,6 +559,7 @@ impl MetadataState {
                         state: SegmentState::Open,
                         epoch: *epoch,
                         ensemble: ensemble.clone(),
+                        instances: instances.clone(),
                         size_bytes: 0,
                         record_count: 0,
                         min_timestamp_ms: None,
@@ -701,6 +718,7 @@ impl MetadataState {
                         state: SegmentState::Archived,
                         epoch: p.epoch,
                         ensemble: Vec::new(),
+                        instances: Vec::new(),
                         size_bytes: 0,
                         record_count: *record_count,
                         min_timestamp_ms: *min_timestamp_ms,
@@ -954,6 +972,7 @@ mod tests {
             epoch: 1,
             base_offset: 0,
             ensemble: vec!["b".into()],
+            instances: Vec::new(),
             now_ms: 1,
         };
         assert!(matches!(s.apply(&open(Some(old_id))), Response::Error { .. }));
@@ -1036,6 +1055,7 @@ mod tests {
                 epoch,
                 base_offset: base,
                 ensemble: vec!["a".into()],
+                instances: Vec::new(),
                 now_ms: 5,
             })
         };
@@ -1136,6 +1156,7 @@ mod tests {
                 epoch: 1,
                 base_offset: base,
                 ensemble: vec!["a".into()],
+                instances: Vec::new(),
                 now_ms: 1,
             };
             assert_eq!(s.apply(&open), Response::Ok);

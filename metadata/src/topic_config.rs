@@ -34,7 +34,21 @@ pub struct TopicConfig {
     pub visibility_timeout_ms: u64,
     /// `max.deliveries`: after this many deliveries without an ack a message goes to `<topic>.dlq`.
     pub max_deliveries: u32,
+    /// `replication.factor`: how many agents hold a replica of each segment (R).
+    #[serde(default = "one")]
+    pub replication_factor: u32,
+    /// `min.insync.replicas`: how many replicas must have fsynced a batch before its producer
+    /// is acknowledged (W); `None` for a majority, floor(R/2)+1.
+    #[serde(default)]
+    pub min_insync_replicas: Option<u32>,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// Largest replication factor a topic may have.
+pub const REPLICATION_FACTOR_MAX: u32 = 7;
 
 impl Default for TopicConfig {
     fn default() -> Self {
@@ -47,6 +61,8 @@ impl Default for TopicConfig {
             max_message_bytes: 1024 * 1024,
             visibility_timeout_ms: 30_000,
             max_deliveries: 5,
+            replication_factor: 1,
+            min_insync_replicas: None,
         }
     }
 }
@@ -61,6 +77,8 @@ pub const TOPIC_CONFIG_NAMES: &[&str] = &[
     "max.message.bytes",
     "visibility.timeout.ms",
     "max.deliveries",
+    "replication.factor",
+    "min.insync.replicas",
 ];
 
 impl TopicConfig {
@@ -70,7 +88,27 @@ impl TopicConfig {
         for (name, value) in overrides {
             config.set(name, value)?;
         }
+        config.validate()?;
         Ok(config)
+    }
+
+    /// Checks the rules that span several configs.
+    pub fn validate(&self) -> Result<(), MetadataError> {
+        if let Some(w) = self.min_insync_replicas {
+            if w > self.replication_factor {
+                return Err(MetadataError::InvalidConfig(format!(
+                    "min.insync.replicas={w} is more than replication.factor={}",
+                    self.replication_factor
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// W: how many replicas (the writer's own included) must have fsynced a batch before it
+    /// is acknowledged.
+    pub fn write_quorum(&self) -> usize {
+        self.min_insync_replicas.unwrap_or(self.replication_factor / 2 + 1) as usize
     }
 
     /// Sets one config by its Kafka-style name.
@@ -122,6 +160,26 @@ impl TopicConfig {
                 }
                 self.max_deliveries = v as u32;
             }
+            "replication.factor" => {
+                let v = number()?;
+                if !(1..=u64::from(REPLICATION_FACTOR_MAX)).contains(&v) {
+                    return Err(invalid(&format!("must be between 1 and {REPLICATION_FACTOR_MAX}")));
+                }
+                self.replication_factor = v as u32;
+            }
+            "min.insync.replicas" => {
+                self.min_insync_replicas = if value.trim() == "-1" {
+                    None
+                } else {
+                    let v = number()?;
+                    if !(1..=u64::from(REPLICATION_FACTOR_MAX)).contains(&v) {
+                        return Err(invalid(&format!(
+                            "must be between 1 and {REPLICATION_FACTOR_MAX} (or -1 for a majority of replication.factor)"
+                        )));
+                    }
+                    Some(v as u32)
+                };
+            }
             _ => {
                 return Err(MetadataError::InvalidConfig(format!(
                     "unknown topic config '{name}'; known configs: {}",
@@ -146,6 +204,8 @@ impl TopicConfig {
         m.insert("max.message.bytes".into(), self.max_message_bytes.to_string());
         m.insert("visibility.timeout.ms".into(), self.visibility_timeout_ms.to_string());
         m.insert("max.deliveries".into(), self.max_deliveries.to_string());
+        m.insert("replication.factor".into(), self.replication_factor.to_string());
+        m.insert("min.insync.replicas".into(), self.write_quorum().to_string());
         m
     }
 }
@@ -160,6 +220,8 @@ mod tests {
         c.set("segment.bytes", "1048576").unwrap();
         c.set("retention.ms", "-1").unwrap();
         let back = TopicConfig::from_overrides(&c.to_named()).unwrap();
+        // `describe` shows the write quorum in effect (a majority unless set).
+        c.min_insync_replicas = Some(c.write_quorum() as u32);
         assert_eq!(back, c);
         assert_eq!(back.segment_bytes, 1048576);
         assert_eq!(back.retention_ms, None);
@@ -174,5 +236,24 @@ mod tests {
         assert!(c.set("max.message.bytes", "x").is_err());
         assert!(c.set("max.deliveries", "0").is_err());
         assert_eq!(c, TopicConfig::default(), "a rejected value changes nothing");
+    }
+
+    #[test]
+    fn write_quorum_is_a_majority_unless_set() {
+        let quorum = |r: &str, w: Option<&str>| {
+            let mut o = BTreeMap::from([("replication.factor".to_string(), r.to_string())]);
+            if let Some(w) = w {
+                o.insert("min.insync.replicas".into(), w.into());
+            }
+            TopicConfig::from_overrides(&o).map(|c| c.write_quorum())
+        };
+        assert_eq!(quorum("1", None).unwrap(), 1);
+        assert_eq!(quorum("3", None).unwrap(), 2);
+        assert_eq!(quorum("5", None).unwrap(), 3);
+        assert_eq!(quorum("3", Some("3")).unwrap(), 3);
+        let e = quorum("3", Some("4")).unwrap_err().to_string();
+        assert!(e.contains("more than replication.factor=3"), "{e}");
+        assert!(quorum("0", None).is_err());
+        assert!(quorum("8", None).is_err());
     }
 }

@@ -239,6 +239,28 @@ impl SiltDev {
         }
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Freezes the process (SIGSTOP).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill").args([signal, &child.id().to_string()]).status().expect("kill");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
     /// Deletes the data directory of a stopped process (a lost disk).
     pub fn wipe_data_dir(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");

@@ -21,13 +21,15 @@ fn agent(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str) -> Sil
     agent_with(id, cluster, objects, lease, &[])
 }
 
+/// An agent whose topics keep one replica per segment (these tests are about leases, writers
+/// and handover; `replication.rs` tests replicated segments).
 fn agent_with(id: &str, cluster: &MetadataCluster, objects: &str, lease: &str, extra: &[&str]) -> SiltDev {
     SiltDev::start_agent(&AgentOptions {
         id: id.into(),
         metadata: cluster.addrs(),
         object_store: objects.into(),
         lease: lease.into(),
-        extra: extra.iter().map(|a| a.to_string()).collect(),
+        extra: ["--default-replication-factor", "1"].iter().chain(extra).map(|a| a.to_string()).collect(),
     })
 }
 

@@ -101,6 +101,7 @@ mod tests {
             state,
             epoch: 1,
             ensemble: vec!["a".into()],
+            instances: Vec::new(),
             size_bytes: 0,
             record_count: last.map_or(0, |l| l - base + 1),
             min_timestamp_ms: max_ts,

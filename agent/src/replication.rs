@@ -1,0 +1,266 @@
+//! The writer half of the replicated hot tail: streaming each group of appends to the open
+//! segment's other replicas and waiting for the write quorum.
+//!
+//! Each follower has one task and one queue, so it receives the writer's groups in order; the
+//! writer waits only until W - 1 followers (W = `min.insync.replicas`, the writer's own fsync
+//! being the first) have fsynced a group, and a slower follower catches up from its queue. A
+//! follower that fails an append, answers out of line, or falls a whole queue behind leaves the
+//! segment's ensemble for good (a gap would follow otherwise); the writer then rolls to a new
+//! segment with a new ensemble. When fewer than W - 1 followers remain, the writer stops: it
+//! never acknowledges below W replicas.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use silt_record::RecordBatch;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::error::StoreError;
+use crate::peer::{Peers, ReplicaTarget};
+use crate::replica::join_batches;
+
+/// Groups queued for one follower before it counts as failed.
+const FOLLOWER_QUEUE_GROUPS: usize = 256;
+
+struct Job {
+    body: Bytes,
+    end: u64,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// One follower of the open segment, as the writer sees it.
+struct Follower {
+    agent: String,
+    tx: mpsc::Sender<Job>,
+    state: Arc<FollowerState>,
+    task: JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct FollowerState {
+    failed: AtomicBool,
+    /// One past the last offset it has acknowledged.
+    acked: AtomicU64,
+    /// When the oldest group it has not acknowledged was sent (ms since `epoch`), 0 if none.
+    oldest_pending_ms: AtomicU64,
+}
+
+/// A follower's replication lag, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowerLag {
+    /// The follower's agent id.
+    pub agent: String,
+    /// Records the writer has written that it has not acknowledged.
+    pub records: u64,
+    /// How long its oldest unacknowledged group has waited.
+    pub ms: u64,
+    /// Whether it left the ensemble.
+    pub failed: bool,
+}
+
+/// The replicas of the segment a writer has open.
+pub struct Ensemble {
+    /// The segment's base offset.
+    pub base: u64,
+    followers: Vec<Follower>,
+    /// Follower acknowledgements a group needs besides the writer's own fsync (W - 1).
+    needed: usize,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Ensemble {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ensemble")
+            .field("base", &self.base)
+            .field("followers", &self.followers.iter().map(|f| &f.agent).collect::<Vec<_>>())
+            .field("needed", &self.needed)
+            .finish()
+    }
+}
+
+impl Ensemble {
+    /// Starts streaming to `followers` (agent id and address) the segment `target` names.
+    pub fn start(
+        peers: &Peers,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+        followers: Vec<(String, String)>,
+        write_quorum: usize,
+    ) -> Ensemble {
+        let started = Instant::now();
+        let base = target.segment;
+        let followers = followers
+            .into_iter()
+            .map(|(agent, addr)| {
+                let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE_GROUPS);
+                let state = Arc::new(FollowerState::default());
+                state.acked.store(base, Ordering::Relaxed);
+                let link = Link {
+                    peers: peers.clone(),
+                    topic: topic.to_string(),
+                    partition,
+                    target: target.clone(),
+                    agent: agent.clone(),
+                    addr,
+                    state: Arc::clone(&state),
+                    started,
+                };
+                let task = tokio::spawn(link.run(rx));
+                Follower { agent, tx, state, task }
+            })
+            .collect();
+        Ensemble { base, followers, needed: write_quorum.saturating_sub(1), started }
+    }
+
+    /// Sends a group of batches (ending at `end`) to every follower still in the ensemble and
+    /// waits until W - 1 of them have fsynced it.
+    pub async fn replicate(&self, batches: &[RecordBatch], end: u64) -> Result<(), StoreError> {
+        if self.followers.is_empty() {
+            return Ok(());
+        }
+        let body = join_batches(batches);
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let mut waits = FuturesUnordered::new();
+        let mut errors: Vec<String> = Vec::new();
+        for f in &self.followers {
+            if f.state.failed.load(Ordering::Relaxed) {
+                continue;
+            }
+            let (done, rx) = oneshot::channel();
+            match f.tx.try_send(Job { body: body.clone(), end, done }) {
+                Ok(()) => {
+                    let _ = f.state.oldest_pending_ms.compare_exchange(
+                        0,
+                        now,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    waits.push(async move { (f.agent.as_str(), rx.await) });
+                }
+                Err(_) => {
+                    warn!(follower = %f.agent, "a follower fell a whole queue behind; it leaves the segment's ensemble");
+                    f.state.failed.store(true, Ordering::Relaxed);
+                    errors.push(format!("{}: too far behind", f.agent));
+                }
+            }
+        }
+        let mut acked = 0;
+        if acked >= self.needed {
+            return Ok(());
+        }
+        while let Some((agent, r)) = waits.next().await {
+            match r {
+                Ok(Ok(())) => {
+                    acked += 1;
+                    if acked >= self.needed {
+                        return Ok(());
+                    }
+                }
+                Ok(Err(e)) => errors.push(format!("{agent}: {e}")),
+                Err(_) => errors.push(format!("{agent}: its replication task ended")),
+            }
+        }
+        Err(StoreError::NotEnoughReplicas(format!(
+            "{} of the {} follower acknowledgements a write needs (min.insync.replicas {}): {}",
+            acked,
+            self.needed,
+            self.needed + 1,
+            errors.join("; ")
+        )))
+    }
+
+    /// Replicas of the segment: the writer and its followers.
+    pub fn size(&self) -> usize {
+        self.followers.len() + 1
+    }
+
+    /// Whether a follower left the ensemble (the writer rolls to a new segment).
+    pub fn degraded(&self) -> bool {
+        self.followers.iter().any(|f| f.state.failed.load(Ordering::Relaxed))
+    }
+
+    /// Each follower's lag behind `end`, the writer's end.
+    pub fn lag(&self, end: u64) -> Vec<FollowerLag> {
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        self.followers
+            .iter()
+            .map(|f| {
+                let pending = f.state.oldest_pending_ms.load(Ordering::Relaxed);
+                FollowerLag {
+                    agent: f.agent.clone(),
+                    records: end.saturating_sub(f.state.acked.load(Ordering::Relaxed)),
+                    ms: if pending == 0 { 0 } else { now.saturating_sub(pending) },
+                    failed: f.state.failed.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for Ensemble {
+    fn drop(&mut self) {
+        // Nothing queued may reach a replica after the writer moved on (a new writer may be
+        // reading the replicas' ends by then).
+        for f in &self.followers {
+            f.task.abort();
+        }
+    }
+}
+
+struct Link {
+    peers: Peers,
+    topic: String,
+    partition: u32,
+    target: ReplicaTarget,
+    agent: String,
+    addr: String,
+    state: Arc<FollowerState>,
+    started: Instant,
+}
+
+impl Link {
+    async fn run(self, mut rx: mpsc::Receiver<Job>) {
+        while let Some(job) = rx.recv().await {
+            if self.state.failed.load(Ordering::Relaxed) {
+                let _ = job.done.send(Err("left the ensemble after an earlier failure".into()));
+                continue;
+            }
+            let r = self
+                .peers
+                .replica_append(
+                    (&self.agent, &self.addr),
+                    &self.topic,
+                    self.partition,
+                    &self.target,
+                    job.body,
+                )
+                .await;
+            let outcome = match r {
+                Ok(end) if end == job.end => Ok(()),
+                Ok(end) => Err(format!("holds the segment up to offset {end}, expected {}", job.end)),
+                Err(e) => Err(e.message),
+            };
+            match outcome {
+                Ok(()) => {
+                    self.state.acked.store(job.end, Ordering::Relaxed);
+                    let next_pending =
+                        if rx.is_empty() { 0 } else { self.started.elapsed().as_millis() as u64 + 1 };
+                    self.state.oldest_pending_ms.store(next_pending, Ordering::Relaxed);
+                    let _ = job.done.send(Ok(()));
+                }
+                Err(e) => {
+                    warn!(follower = %self.agent, topic = %self.topic, partition = self.partition, error = %e,
+                        "a follower failed an append; it leaves the segment's ensemble");
+                    self.state.failed.store(true, Ordering::Relaxed);
+                    let _ = job.done.send(Err(e));
+                }
+            }
+        }
+    }
+}

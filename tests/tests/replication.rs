@@ -1,0 +1,422 @@
+//! The replicated hot tail under faults: three real `silt metadata` processes and three
+//! `silt agent` processes on loopback, topics with `replication.factor=3` (W = 2), producers
+//! writing keyed messages with acknowledgements while agents are killed, paused past their
+//! lease and restarted with their disks wiped. A checker then reads everything back: no
+//! acknowledged message is lost, none moved, each offset holds one message, and each
+//! producer's messages keep their order within a partition.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use silt::client::{Client, OutMessage};
+use silt::silt_metadata::MetadataState;
+use silt_tests::{wait_for, AgentOptions, MetadataCluster, SiltDev};
+
+const LEASE: &str = "2s";
+const PARTITIONS: u32 = 3;
+
+struct Cluster {
+    metadata: MetadataCluster,
+    agents: Vec<SiltDev>,
+    /// The agents' current API URLs (a restarted agent listens on a new port).
+    urls: Arc<Mutex<Vec<String>>>,
+    _bucket: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let metadata = MetadataCluster::start(3, &[]);
+        metadata.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
+        let bucket = tempfile::tempdir().expect("tempdir");
+        let objects = format!("file://{}", bucket.path().display());
+        let agents: Vec<SiltDev> = (1..=3)
+            .map(|i| {
+                SiltDev::start_agent(&AgentOptions {
+                    id: format!("a{i}"),
+                    metadata: metadata.addrs(),
+                    object_store: objects.clone(),
+                    lease: LEASE.into(),
+                    extra: Vec::new(),
+                })
+            })
+            .collect();
+        let urls = Arc::new(Mutex::new(agents.iter().map(|a| a.url().to_string()).collect()));
+        let cluster = Cluster { metadata, agents, urls, _bucket: bucket };
+        // Every agent registered, so that the first segments get a full ensemble.
+        wait_for("three live agents", Duration::from_secs(20), || async {
+            let s = cluster.state().await?;
+            (s.agents.values().filter(|a| a.is_live(s.clock_ms)).count() == 3).then_some(())
+        })
+        .await;
+        cluster
+    }
+
+    async fn state(&self) -> Option<MetadataState> {
+        self.metadata.client().read_state().await.ok().map(|r| r.state)
+    }
+
+    fn index_of(&self, agent: &str) -> usize {
+        agent.trim_start_matches('a').parse::<usize>().expect("agent id") - 1
+    }
+
+    /// The last lines of every agent's log, for failure messages.
+    fn logs(&self) -> String {
+        self.agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let log = a.log();
+                let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                // Whether it runs, sleeps or is stopped, and where its threads are.
+                let state = a.pid().map(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    let stacks = std::process::Command::new("gdb")
+                        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt 12"])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_default();
+                    format!("stat: {stat}\n{stacks}")
+                });
+                format!(
+                    "--- a{} ---\n{}\n{}",
+                    i + 1,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                    state.unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn refresh_urls(&self) {
+        *self.urls.lock().expect("urls") = self.agents.iter().map(|a| a.url().to_string()).collect();
+    }
+
+    /// The writer of a partition and the members of its open segment, once metadata has both.
+    async fn writer_and_followers(&self, topic: &str, partition: usize) -> (String, Vec<String>) {
+        wait_for("a writer with an open segment", Duration::from_secs(30), || async {
+            let s = self.state().await?;
+            let p = &s.topics[topic].partitions[partition];
+            let writer = p.writer.clone()?;
+            let open = p.open_segment()?;
+            let followers = open.ensemble.iter().filter(|a| **a != writer).cloned().collect();
+            Some((writer, followers))
+        })
+        .await
+    }
+}
+
+fn r3() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("replication.factor".to_string(), "3".to_string()),
+        ("segment.bytes".to_string(), "65536".to_string()),
+    ])
+}
+
+/// What producers were told: `(partition, offset) -> value`, and for each partition when the
+/// latest acknowledged request was sent and acknowledged.
+#[derive(Default)]
+struct Acked {
+    messages: BTreeMap<(u32, u64), String>,
+    last_ack: HashMap<u32, (Instant, Instant)>,
+}
+
+/// Producers that write keyed messages in batches through any agent, retrying a batch that
+/// fails on another agent until it is acknowledged, until told to stop.
+struct Producers {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Acked>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Producers {
+    fn start(n: usize, topic: &str, urls: Arc<Mutex<Vec<String>>>) -> Producers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Acked::default()));
+        let tasks = (0..n)
+            .map(|p| {
+                let (stop, acked, urls, topic) =
+                    (Arc::clone(&stop), Arc::clone(&acked), Arc::clone(&urls), topic.to_string());
+                tokio::spawn(async move {
+                    let mut seq = 0u64;
+                    let mut attempt = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        // One key per batch: each request goes to one partition, so a
+                        // partition's recovery is measured on its own.
+                        let key = format!("p{p}-k{}", (seq / 10) % 5);
+                        let batch: Vec<OutMessage> = (seq..seq + 10)
+                            .map(|i| OutMessage {
+                                key: Some(key.clone()),
+                                value: Some(format!("p{p}-{i}")),
+                                ..OutMessage::default()
+                            })
+                            .collect();
+                        loop {
+                            let url = {
+                                let urls = urls.lock().expect("urls");
+                                urls[(p + attempt) % urls.len()].clone()
+                            };
+                            attempt += 1;
+                            let sent = Instant::now();
+                            // A paused agent never answers: give up on it and try another.
+                            let client = Client::with_timeout(&url, Duration::from_secs(5)).expect("client");
+                            match client.produce(&topic, &batch).await {
+                                Ok(ids) => {
+                                    let mut a = acked.lock().expect("acked");
+                                    for (id, m) in ids.iter().zip(&batch) {
+                                        let (partition, offset) = offset_of(id);
+                                        let value = m.value.clone().expect("value");
+                                        if let Some(old) = a.messages.insert((partition, offset), value.clone()) {
+                                            panic!("offset {partition}/{offset} acknowledged twice: {old} and {value}");
+                                        }
+                                        a.last_ack.insert(partition, (sent, Instant::now()));
+                                    }
+                                    break;
+                                }
+                                Err(_) if stop.load(Ordering::Relaxed) => return,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                            }
+                        }
+                        seq += 10;
+                    }
+                })
+            })
+            .collect();
+        Producers { stop, acked, tasks }
+    }
+
+    fn acked_count(&self) -> usize {
+        self.acked.lock().expect("acked").messages.len()
+    }
+
+    /// Waits until a request sent after `since` was acknowledged for `partition`; returns how
+    /// long after `since` the acknowledgement came.
+    async fn acked_after(&self, partition: u32, since: Instant, cluster: &Cluster) -> Duration {
+        let deadline = since + Duration::from_secs(60);
+        loop {
+            let got = {
+                let a = self.acked.lock().expect("acked");
+                a.last_ack.get(&partition).filter(|(sent, _)| *sent > since).map(|(_, acked)| *acked - since)
+            };
+            if let Some(took) = got {
+                return took;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "partition {partition} acknowledged nothing for 60 s; state: {:?}\nlogs:\n{}",
+                    cluster.state().await.map(|s| s.topics.get("events").or(s.topics.get("orders")).cloned()),
+                    cluster.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) -> BTreeMap<(u32, u64), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("producer task");
+        }
+        Arc::try_unwrap(self.acked).map_err(|_| ()).expect("sole owner").into_inner().expect("acked").messages
+    }
+}
+
+fn offset_of(id: &str) -> (u32, u64) {
+    let mut parts = id.rsplitn(3, '/');
+    let offset = parts.next().and_then(|o| o.parse().ok()).expect("offset in id");
+    let partition = parts.next().and_then(|p| p.parse().ok()).expect("partition in id");
+    (partition, offset)
+}
+
+/// Reads every partition back from offset 0 and checks it against what was acknowledged.
+async fn check(client: &Client, topic: &str, acked: &BTreeMap<(u32, u64), String>) {
+    for partition in 0..PARTITIONS {
+        let mut log: BTreeMap<u64, String> = BTreeMap::new();
+        let mut next = 0;
+        loop {
+            let page = wait_for("a replay page", Duration::from_secs(30), || async {
+                client.replay(topic, partition, Some(next), None, 1000).await.ok()
+            })
+            .await;
+            if page.messages.is_empty() {
+                break;
+            }
+            for m in page.messages {
+                assert!(m.offset >= next, "replay went backwards at {partition}/{}", m.offset);
+                next = m.offset + 1;
+                assert!(log.insert(m.offset, m.value.unwrap_or_default()).is_none());
+            }
+        }
+        let offsets: Vec<u64> = log.keys().copied().collect();
+        assert_eq!(offsets, (0..log.len() as u64).collect::<Vec<_>>(), "partition {partition} has no holes");
+        // Every acknowledged message is at the offset it was acknowledged with.
+        for ((p, offset), value) in acked.range((partition, 0)..(partition + 1, 0)) {
+            assert_eq!(log.get(offset), Some(value), "acknowledged message at {p}/{offset}");
+        }
+        // Each producer's acknowledged messages keep their order within the partition.
+        let mut last_seq: HashMap<String, u64> = HashMap::new();
+        for ((_, offset), value) in acked.range((partition, 0)..(partition + 1, 0)) {
+            let (producer, seq) = value.split_once('-').expect("producer-seq");
+            let seq: u64 = seq.parse().expect("seq");
+            if let Some(prev) = last_seq.insert(producer.to_string(), seq) {
+                assert!(seq > prev, "{producer}'s message {seq} at offset {offset} comes after {prev}");
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
+    let mut cluster = Cluster::start().await;
+    let client = cluster.agents[0].client();
+    client.create_topic("orders", PARTITIONS, &r3()).await.expect("create topic");
+    let (writer, followers) = cluster.writer_and_followers("orders", 0).await;
+    assert_eq!(followers.len(), 2, "each segment is on three agents");
+
+    let producers = Producers::start(2, "orders", Arc::clone(&cluster.urls));
+    wait_for("acknowledged messages", Duration::from_secs(30), || async {
+        (producers.acked_count() >= 500).then_some(())
+    })
+    .await;
+
+    // kill -9 the writer of partition 0 and leave it down: a follower becomes writer, recovers
+    // the open segment from the replicas and producing continues.
+    let killed = Instant::now();
+    let i = cluster.index_of(&writer);
+    cluster.agents[i].kill9();
+    let took = producers.acked_after(0, killed, &cluster).await;
+    eprintln!(
+        "partition 0 acknowledged again {} ms after kill -9 of its writer (lease {LEASE})",
+        took.as_millis()
+    );
+    let (new_writer, _) = cluster.writer_and_followers("orders", 0).await;
+    assert_ne!(new_writer, writer);
+    assert!(followers.contains(&new_writer), "a follower, which holds the open segment, takes over");
+    let before = producers.acked_count();
+    wait_for("more acknowledged messages", Duration::from_secs(30), || async {
+        (producers.acked_count() >= before + 300).then_some(())
+    })
+    .await;
+
+    let acked = producers.stop().await;
+    let survivor = cluster.agents.iter().find(|a| a.url() != cluster.agents[i].url()).expect("a live agent");
+    check(&survivor.client(), "orders", &acked).await;
+
+    // The killed agent comes back and serves all of it too.
+    cluster.agents[i].restart();
+    cluster.refresh_urls();
+    check(&cluster.agents[i].client(), "orders", &acked).await;
+}
+
+/// One fault at a time on a running cluster, each followed by recovery: how many rounds run
+/// is `SILT_TEST_FAULT_ROUNDS` (default 5: every kind of fault once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_survive_rounds_of_kills_pauses_and_wiped_disks() {
+    let mut cluster = Cluster::start().await;
+    cluster.agents[0].client().create_topic("events", PARTITIONS, &r3()).await.expect("create topic");
+    for p in 0..PARTITIONS as usize {
+        cluster.writer_and_followers("events", p).await;
+    }
+    let producers = Producers::start(3, "events", Arc::clone(&cluster.urls));
+    let rounds: usize =
+        std::env::var("SILT_TEST_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5).max(1);
+    let mut recoveries: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for round in 0..rounds {
+        let partition = (round % PARTITIONS as usize) as u32;
+        let (writer, followers) = cluster.writer_and_followers("events", partition as usize).await;
+        let w = cluster.index_of(&writer);
+        let before = producers.acked_count();
+        wait_for("acknowledgements before the fault", Duration::from_secs(60), || async {
+            (producers.acked_count() >= before + 200).then_some(())
+        })
+        .await;
+        let fault =
+            ["kill the writer", "kill a follower", "pause the writer", "wipe the writer", "kill the writer"]
+                [round % 5];
+        let at = Instant::now();
+        match fault {
+            "kill the writer" => {
+                cluster.agents[w].kill9();
+                recoveries
+                    .entry(fault)
+                    .or_default()
+                    .push(producers.acked_after(partition, at, &cluster).await);
+                cluster.agents[w].restart();
+            }
+            "kill a follower" => {
+                let f = cluster.index_of(&followers[0]);
+                cluster.agents[f].kill9();
+                recoveries
+                    .entry(fault)
+                    .or_default()
+                    .push(producers.acked_after(partition, at, &cluster).await);
+                cluster.agents[f].restart();
+            }
+            "pause the writer" => {
+                // Past its lease: another agent takes over; the paused one wakes up deposed.
+                cluster.agents[w].pause();
+                recoveries
+                    .entry(fault)
+                    .or_default()
+                    .push(producers.acked_after(partition, at, &cluster).await);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                cluster.agents[w].resume();
+            }
+            _ => {
+                cluster.agents[w].kill9();
+                cluster.agents[w].wipe_data_dir();
+                cluster.agents[w].restart();
+                recoveries
+                    .entry(fault)
+                    .or_default()
+                    .push(producers.acked_after(partition, at, &cluster).await);
+            }
+        }
+        cluster.refresh_urls();
+        // Everyone is back: wait until the cluster writes all partitions again, each to a
+        // segment on all three agents (one fault at a time).
+        let since = Instant::now();
+        for p in 0..PARTITIONS {
+            producers.acked_after(p, since, &cluster).await;
+        }
+        wait_for("every open segment on three live agents", Duration::from_secs(60), || async {
+            let s = cluster.state().await?;
+            let healthy = s.topics["events"].partitions.iter().all(|p| {
+                p.open_segment().is_some_and(|open| {
+                    open.ensemble.len() == 3
+                        && open.ensemble.iter().zip(&open.instances).all(|(a, i)| {
+                            s.agents
+                                .get(a)
+                                .is_some_and(|info| info.is_live(s.clock_ms) && info.instance == *i)
+                        })
+                })
+            });
+            healthy.then_some(())
+        })
+        .await;
+        eprintln!("round {round}: {fault} on partition {partition}, recovered");
+        if std::env::var("SILT_TEST_DEBUG").is_ok() {
+            eprintln!("{}", cluster.logs());
+        }
+    }
+    let acked = producers.stop().await;
+    eprintln!("{rounds} fault rounds, {} messages acknowledged", acked.len());
+    for (fault, mut times) in recoveries {
+        times.sort();
+        eprintln!(
+            "{fault}: {} rounds, first acknowledgement after the fault p50 {} ms, p99 {} ms",
+            times.len(),
+            percentile(&times, 0.5).as_millis(),
+            percentile(&times, 0.99).as_millis()
+        );
+    }
+    for agent in &cluster.agents {
+        check(&agent.client(), "events", &acked).await;
+    }
+}
