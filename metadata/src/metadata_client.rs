@@ -2,8 +2,8 @@
 //! another process (agents, the compactor, `silt cluster`).
 //!
 //! It knows the addresses of some nodes and sends each request to the node it believes leads
-//! (learned from the answers' [`LEADER_HEADER`]); any node would do, since nodes forward to the
-//! leader. Failures are retried on the next node with exponential backoff, within a total time
+//! (learned from the answers' [`LEADER_HEADER`], when the leader is one of those nodes); any
+//! node would do, since nodes forward to the leader. Failures are retried on the next node with exponential backoff, within a total time
 //! limit ([`MetadataClientOptions::timeout`]):
 //! - reads and status: every failure is retried;
 //! - writes and membership changes: only failures that certainly changed nothing (no
@@ -339,8 +339,13 @@ impl MetadataClient {
         self.inner.leader.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// Sends to the leader directly from now on, if it is one of the configured nodes: an
+    /// address the cluster advertises may not be reachable from here (behind a proxy, NAT or
+    /// a load balancer); any configured node forwards to the leader.
     fn set_leader(&self, base: String) {
-        *self.inner.leader.lock().unwrap_or_else(PoisonError::into_inner) = Some(base);
+        if self.inner.nodes.contains(&base) {
+            *self.inner.leader.lock().unwrap_or_else(PoisonError::into_inner) = Some(base);
+        }
     }
 
     fn forget_leader(&self, base: &str) {

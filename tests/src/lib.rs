@@ -572,3 +572,82 @@ impl MetadataCluster {
         self.nodes.iter().map(|n| format!("--- node {} ---\n{}", n.id, n.log())).collect()
     }
 }
+
+/// A TCP proxy on loopback between Silt processes that a test can cut (open connections are
+/// dropped, new ones closed at once) and heal: a network partition without root or iptables.
+pub struct Proxy {
+    addr: String,
+    state: std::sync::Arc<ProxyState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct ProxyState {
+    target: std::sync::Mutex<String>,
+    /// Replaced on every cut: connections end when theirs is cancelled.
+    cut: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards every connection to `target` (host:port).
+    pub async fn start(target: &str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address").to_string();
+        let (open, _) = tokio::sync::watch::channel(false);
+        let state = std::sync::Arc::new(ProxyState {
+            target: std::sync::Mutex::new(target.to_string()),
+            cut: std::sync::Mutex::new(Some(open)),
+        });
+        let shared = std::sync::Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else { continue };
+                let stop = shared.cut.lock().expect("proxy").as_ref().map(|tx| tx.subscribe());
+                let Some(mut stop) = stop else {
+                    drop(inbound);
+                    continue;
+                };
+                let target = shared.target.lock().expect("proxy").clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { return };
+                    let (mut inbound, mut outbound) = (inbound, outbound);
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = stop.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, state, task }
+    }
+
+    /// Where to connect (host:port).
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Forwards new connections to `target` from now on (a restarted process's new port).
+    pub fn set_target(&self, target: &str) {
+        *self.state.target.lock().expect("proxy") = target.to_string();
+    }
+
+    /// Drops every open connection and refuses new ones until [`Proxy::heal`].
+    pub fn cut(&self) {
+        if let Some(tx) = self.state.cut.lock().expect("proxy").take() {
+            let _ = tx.send(true);
+        }
+    }
+
+    /// Lets connections through again.
+    pub fn heal(&self) {
+        let mut cut = self.state.cut.lock().expect("proxy");
+        if cut.is_none() {
+            *cut = Some(tokio::sync::watch::channel(false).0);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,7 +1,7 @@
 //! The replicated hot tail under faults: three real `silt metadata` processes and three
 //! `silt agent` processes on loopback, topics with `replication.factor=3` (W = 2), producers
 //! writing keyed messages with acknowledgements while agents are killed, paused past their
-//! lease and restarted with their disks wiped. A checker then reads everything back: no
+//! lease, cut off from the others by a TCP proxy and restarted with their disks wiped. A checker then reads everything back: no
 //! acknowledged message is lost, none moved, each offset holds one message, and each
 //! producer's messages keep their order within a partition.
 
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use silt::client::{Client, OutMessage};
 use silt::silt_metadata::MetadataState;
-use silt_tests::{wait_for, AgentOptions, MetadataCluster, SiltDev};
+use silt_tests::{wait_for, AgentOptions, MetadataCluster, Proxy, SiltDev};
 
 const LEASE: &str = "2s";
 const PARTITIONS: u32 = 3;
@@ -20,6 +20,9 @@ const PARTITIONS: u32 = 3;
 struct Cluster {
     metadata: MetadataCluster,
     agents: Vec<SiltDev>,
+    /// Per agent: the proxy other agents reach it through (its advertised address), and the
+    /// proxies it reaches the metadata nodes through. Cutting them isolates the agent.
+    networks: Vec<(Proxy, Vec<Proxy>)>,
     /// The agents' current API URLs (a restarted agent listens on a new port).
     urls: Arc<Mutex<Vec<String>>>,
     _bucket: tempfile::TempDir,
@@ -31,19 +34,27 @@ impl Cluster {
         metadata.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
         let bucket = tempfile::tempdir().expect("tempdir");
         let objects = format!("file://{}", bucket.path().display());
-        let agents: Vec<SiltDev> = (1..=3)
-            .map(|i| {
-                SiltDev::start_agent(&AgentOptions {
-                    id: format!("a{i}"),
-                    metadata: metadata.addrs(),
-                    object_store: objects.clone(),
-                    lease: LEASE.into(),
-                    extra: Vec::new(),
-                })
-            })
-            .collect();
+        let mut agents = Vec::new();
+        let mut networks = Vec::new();
+        for i in 1..=3 {
+            let inbound = Proxy::start("127.0.0.1:1").await;
+            let mut to_metadata = Vec::new();
+            for addr in metadata.addrs() {
+                to_metadata.push(Proxy::start(&addr).await);
+            }
+            let agent = SiltDev::start_agent(&AgentOptions {
+                id: format!("a{i}"),
+                metadata: to_metadata.iter().map(|p| p.addr().to_string()).collect(),
+                object_store: objects.clone(),
+                lease: LEASE.into(),
+                extra: vec!["--advertise".into(), inbound.addr().to_string()],
+            });
+            inbound.set_target(agent.url().trim_start_matches("http://"));
+            agents.push(agent);
+            networks.push((inbound, to_metadata));
+        }
         let urls = Arc::new(Mutex::new(agents.iter().map(|a| a.url().to_string()).collect()));
-        let cluster = Cluster { metadata, agents, urls, _bucket: bucket };
+        let cluster = Cluster { metadata, agents, networks, urls, _bucket: bucket };
         // Every agent registered, so that the first segments get a full ensemble.
         wait_for("three live agents", Duration::from_secs(20), || async {
             let s = cluster.state().await?;
@@ -90,8 +101,25 @@ impl Cluster {
             .join("\n")
     }
 
+    /// After restarts: clients and the proxies use the agents' new ports.
     fn refresh_urls(&self) {
         *self.urls.lock().expect("urls") = self.agents.iter().map(|a| a.url().to_string()).collect();
+        for (agent, (inbound, _)) in self.agents.iter().zip(&self.networks) {
+            inbound.set_target(agent.url().trim_start_matches("http://"));
+        }
+    }
+
+    /// Cuts agent `i` off from the other agents and from metadata (clients still reach it).
+    fn isolate(&self, i: usize) {
+        let (inbound, to_metadata) = &self.networks[i];
+        inbound.cut();
+        to_metadata.iter().for_each(Proxy::cut);
+    }
+
+    fn heal(&self, i: usize) {
+        let (inbound, to_metadata) = &self.networks[i];
+        inbound.heal();
+        to_metadata.iter().for_each(Proxy::heal);
     }
 
     /// The writer of a partition and the members of its open segment, once metadata has both.
@@ -315,9 +343,9 @@ async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
 }
 
 /// One fault at a time on a running cluster, each followed by recovery: how many rounds run
-/// is `SILT_TEST_FAULT_ROUNDS` (default 5: every kind of fault once).
+/// is `SILT_TEST_FAULT_ROUNDS` (default 6: every kind of fault once, the writer killed twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_messages_survive_rounds_of_kills_pauses_and_wiped_disks() {
+async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wiped_disks() {
     let mut cluster = Cluster::start().await;
     cluster.agents[0].client().create_topic("events", PARTITIONS, &r3()).await.expect("create topic");
     for p in 0..PARTITIONS as usize {
@@ -325,7 +353,7 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_and_wiped_disks() 
     }
     let producers = Producers::start(3, "events", Arc::clone(&cluster.urls));
     let rounds: usize =
-        std::env::var("SILT_TEST_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5).max(1);
+        std::env::var("SILT_TEST_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(6).max(1);
     let mut recoveries: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for round in 0..rounds {
         let partition = (round % PARTITIONS as usize) as u32;
@@ -336,9 +364,15 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_and_wiped_disks() 
             (producers.acked_count() >= before + 200).then_some(())
         })
         .await;
-        let fault =
-            ["kill the writer", "kill a follower", "pause the writer", "wipe the writer", "kill the writer"]
-                [round % 5];
+        const FAULTS: [&str; 6] = [
+            "kill the writer",
+            "kill a follower",
+            "pause the writer",
+            "wipe the writer",
+            "isolate the writer",
+            "kill the writer",
+        ];
+        let fault = FAULTS[round % FAULTS.len()];
         let at = Instant::now();
         match fault {
             "kill the writer" => {
@@ -357,6 +391,32 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_and_wiped_disks() 
                     .or_default()
                     .push(producers.acked_after(partition, at, &cluster).await);
                 cluster.agents[f].restart();
+            }
+            "isolate the writer" => {
+                // Cut off from the other agents and metadata: its lease lapses, another agent
+                // fences the replicas and takes over; the isolated one can no longer reach W.
+                cluster.isolate(w);
+                // Clients still reach it, and until the new writer fences its followers it may
+                // still be acknowledged: recovery is an acknowledgement after the takeover.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let s = cluster.state().await;
+                    let p = s.as_ref().map(|s| &s.topics["events"].partitions[partition as usize]);
+                    if p.is_some_and(|p| p.writer.as_deref() != Some(writer.as_str())) {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "{writer} is still writer of partition {partition} 60 s after it was cut off; agents: {:?}\nlogs:\n{}",
+                        s.map(|s| s.agents),
+                        cluster.logs()
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let moved = Instant::now();
+                let took = producers.acked_after(partition, moved, &cluster).await + (moved - at);
+                recoveries.entry(fault).or_default().push(took);
+                cluster.heal(w);
             }
             "pause the writer" => {
                 // Past its lease: another agent takes over; the paused one wakes up deposed.
