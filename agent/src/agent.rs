@@ -21,11 +21,12 @@ use tracing::{error, info, warn};
 
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
-use crate::metrics::{ForwardLabels, LagLabels, Metrics};
+use crate::metrics::{ForwardLabels, LagLabels, Metrics, ReplicaLabels};
 use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
 use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord, REPLICA_READ_BYTES_MAX};
 use crate::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
+use crate::replication::FollowerLag;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -94,6 +95,8 @@ struct Running {
     topic_id: u64,
     epoch: u64,
     handle: PartitionHandle,
+    /// The topic's replication.factor, for the under-replication metric.
+    replication_factor: usize,
 }
 
 /// Where requests about one partition go.
@@ -475,6 +478,7 @@ impl Agent {
                 .collect()
         });
         self.inner.metrics.partitions_written.set(wanted.len() as i64);
+        self.export_replication_lag();
         self.drop_archived_retired_logs().await;
         self.trim_replicas().await;
         let stale: Vec<(String, u32)> = self
@@ -800,11 +804,15 @@ impl Agent {
         })?;
         lock(&self.inner.start_failures).remove(&key);
         writers.insert(key.clone(), WriterTask { cancel, task });
-        self.inner
-            .partitions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, Running { topic_id: t.id, epoch, handle: handle.clone() });
+        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(
+            key,
+            Running {
+                topic_id: t.id,
+                epoch,
+                handle: handle.clone(),
+                replication_factor: t.config.replication_factor as usize,
+            },
+        );
         Ok(handle)
     }
 
@@ -1478,7 +1486,12 @@ impl Agent {
             ));
         }
         let (segment, segment_epoch) = (target.segment, target.segment_epoch);
-        self.on_replica(topic, partition, &target, move |r| r.append(segment, segment_epoch, &batches)).await
+        let started = Instant::now();
+        let end = self
+            .on_replica(topic, partition, &target, move |r| r.append(segment, segment_epoch, &batches))
+            .await?;
+        self.inner.metrics.replica_append_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(end)
     }
 
     /// A recovering writer fences this agent's replica of a partition at its epoch and asks
@@ -1561,6 +1574,33 @@ impl Agent {
             }
         }
         Err(last)
+    }
+
+    /// Sets the replication metrics from the writers' last view of their followers.
+    fn export_replication_lag(&self) {
+        let m = &self.inner.metrics;
+        m.replication_lag_records.clear();
+        m.replication_lag_ms.clear();
+        let running: Vec<((String, u32), Vec<FollowerLag>, usize)> = self
+            .inner
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, r)| (k.clone(), r.handle.follower_lag(), r.replication_factor))
+            .collect();
+        let mut under = 0;
+        for ((topic, partition), lag, replication_factor) in running {
+            if lag.iter().filter(|l| !l.failed).count() + 1 < replication_factor {
+                under += 1;
+            }
+            for l in lag {
+                let labels = ReplicaLabels { topic: topic.clone(), partition, replica: l.agent };
+                m.replication_lag_records.get_or_create(&labels).set(l.records as i64);
+                m.replication_lag_ms.get_or_create(&labels).set(l.ms as i64);
+            }
+        }
+        m.under_replicated_partitions.set(under);
     }
 
     /// Drops the segments of followed partitions that are archived (oldest first, never the

@@ -32,6 +32,17 @@ pub struct ForwardLabels {
     pub kind: &'static str,
 }
 
+/// Labels for one follower of a partition this agent writes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabels {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: u32,
+    /// The follower's agent id.
+    pub replica: String,
+}
+
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
@@ -59,6 +70,15 @@ pub struct Metrics {
     pub partitions_written: Gauge,
     /// Registrations with metadata (the first, and one after every lapsed lease).
     pub registrations: Counter,
+    /// Records a follower of the open segment has not acknowledged yet.
+    pub replication_lag_records: Family<ReplicaLabels, Gauge>,
+    /// How long a follower's oldest unacknowledged group has waited (ms).
+    pub replication_lag_ms: Family<ReplicaLabels, Gauge>,
+    /// Time a follower takes to append and fsync a writer's group, on the follower.
+    pub replica_append_seconds: Histogram,
+    /// Open segments this agent writes whose ensemble lost a follower or is short of
+    /// replication.factor.
+    pub under_replicated_partitions: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -88,6 +108,30 @@ impl Metrics {
         let forwarded = Family::<ForwardLabels, Counter>::default();
         let partitions_written = Gauge::default();
         let registrations = Counter::default();
+        let replication_lag_records = Family::<ReplicaLabels, Gauge>::default();
+        let replication_lag_ms = Family::<ReplicaLabels, Gauge>::default();
+        let replica_append_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
+        let under_replicated_partitions = Gauge::default();
+        registry.register(
+            "replication_lag_records",
+            "Records a follower of the open segment has not acknowledged",
+            replication_lag_records.clone(),
+        );
+        registry.register(
+            "replication_lag_ms",
+            "How long a follower's oldest unacknowledged group has waited",
+            replication_lag_ms.clone(),
+        );
+        registry.register(
+            "replica_append_seconds",
+            "On a follower: appending and fsyncing one group a writer sent",
+            replica_append_seconds.clone(),
+        );
+        registry.register(
+            "under_replicated_partitions",
+            "Partitions this agent writes whose open segment has fewer followers than replication.factor - 1",
+            under_replicated_partitions.clone(),
+        );
         registry.register(
             "forwarded",
             "Requests passed on to the agent that writes the partition",
@@ -137,6 +181,10 @@ impl Metrics {
             forwarded,
             partitions_written,
             registrations,
+            replication_lag_records,
+            replication_lag_ms,
+            replica_append_seconds,
+            under_replicated_partitions,
         }
     }
 

@@ -27,6 +27,8 @@ pub struct ClusterStatus {
     pub agents: Vec<AgentStatus>,
     /// Every partition's writer and epoch.
     pub partitions: Vec<PartitionWriterStatus>,
+    /// Segments not archived yet with fewer intact replicas than their replication.factor.
+    pub under_replicated: Vec<silt_metadata::agent_registry::UnderReplicated>,
     /// Why agents and partitions could not be read (no quorum), if so.
     pub state_error: Option<String>,
 }
@@ -186,12 +188,12 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
             r.as_ref().err().map(|e| Unreachable { addr: addr.clone(), error: e.clone() })
         })
         .collect();
-    let (agents, partitions, state_error) = match client.read_state().await {
+    let (agents, partitions, under_replicated, state_error) = match client.read_state().await {
         Ok(reply) => {
             let (agents, partitions) = agents_and_writers(&reply.state);
-            (agents, partitions, None)
+            (agents, partitions, reply.state.under_replicated(), None)
         }
-        Err(e) => (Vec::new(), Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Vec::new(), Vec::new(), Some(e.to_string())),
     };
     Ok(ClusterStatus {
         leader,
@@ -201,6 +203,7 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
         unreachable,
         agents,
         partitions,
+        under_replicated,
         state_error,
     })
 }

@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{check_name, MetadataState, Response};
+use crate::state::{check_name, MetadataState, Response, SegmentState};
 use crate::MetadataError;
 
 /// Shortest lease an agent may ask for.
@@ -57,6 +57,23 @@ pub struct AgentInfo {
     pub left: bool,
 }
 
+/// A segment with fewer intact replicas than its topic's `replication.factor`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnderReplicated {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// The segment's first offset.
+    pub base_offset: u64,
+    /// Whether it is the partition's open segment.
+    pub open: bool,
+    /// Intact replicas.
+    pub replicas: usize,
+    /// Wanted.
+    pub replication_factor: usize,
+}
+
 impl AgentInfo {
     /// Whether the lease still holds at `now_ms`.
     pub fn is_live(&self, now_ms: u64) -> bool {
@@ -68,6 +85,48 @@ impl MetadataState {
     /// Agents whose lease holds at the state machine's clock.
     pub fn live_agents(&self) -> impl Iterator<Item = &AgentInfo> {
         self.agents.values().filter(|a| a.is_live(self.clock_ms))
+    }
+
+    /// Segments not yet archived (open or sealed) with fewer intact replicas than their
+    /// topic's `replication.factor`: a replica is intact while its agent's lease holds and the
+    /// agent runs on the data directory it had when the segment opened.
+    pub fn under_replicated(&self) -> Vec<UnderReplicated> {
+        let mut out = Vec::new();
+        for t in self.topics.values() {
+            let wanted = t.config.replication_factor as usize;
+            for (p, part) in t.partitions.iter().enumerate() {
+                for seg in part.segments.values() {
+                    if !matches!(seg.state, SegmentState::Open | SegmentState::Sealed) {
+                        continue;
+                    }
+                    let intact = seg
+                        .ensemble
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, a)| {
+                            self.agents.get(*a).is_some_and(|info| {
+                                info.is_live(self.clock_ms)
+                                    && seg
+                                        .instances
+                                        .get(*i)
+                                        .is_none_or(|r| r.is_empty() || *r == info.instance)
+                            })
+                        })
+                        .count();
+                    if intact < wanted {
+                        out.push(UnderReplicated {
+                            topic: t.name.clone(),
+                            partition: p as u32,
+                            base_offset: seg.base_offset,
+                            open: seg.state == SegmentState::Open,
+                            replicas: intact,
+                            replication_factor: wanted,
+                        });
+                    }
+                }
+            }
+        }
+        out
     }
 
     pub(crate) fn advance_clock(&mut self, now_ms: u64) {

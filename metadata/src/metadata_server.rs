@@ -142,13 +142,15 @@ async fn metrics(State(s): Shared) -> Response {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let (topics, partitions, segments, groups, agents, live_agents) = s.node.read_local(|st| {
-        let partitions: usize = st.topics.values().map(|t| t.partitions.len()).sum();
-        let segments: usize =
-            st.topics.values().flat_map(|t| t.partitions.iter()).map(|p| p.segments.len()).sum();
-        let live = st.agents.values().filter(|a| a.is_live(now_ms.max(st.clock_ms))).count();
-        (st.topics.len(), partitions, segments, st.groups.len(), st.agents.len(), live)
-    });
+    let (topics, partitions, segments, groups, agents, live_agents, under_replicated) =
+        s.node.read_local(|st| {
+            let partitions: usize = st.topics.values().map(|t| t.partitions.len()).sum();
+            let segments: usize =
+                st.topics.values().flat_map(|t| t.partitions.iter()).map(|p| p.segments.len()).sum();
+            let live = st.agents.values().filter(|a| a.is_live(now_ms.max(st.clock_ms))).count();
+            let under = st.under_replicated().len();
+            (st.topics.len(), partitions, segments, st.groups.len(), st.agents.len(), live, under)
+        });
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, value: Option<u64>| {
         if let Some(v) = value {
@@ -175,6 +177,11 @@ async fn metrics(State(s): Shared) -> Response {
     gauge("groups", "Consumer groups", Some(groups as u64));
     gauge("agents", "Registered agents", Some(agents as u64));
     gauge("live_agents", "Agents whose lease holds", Some(live_agents as u64));
+    gauge(
+        "under_replicated_segments",
+        "Open or sealed segments with fewer intact replicas than replication.factor",
+        Some(under_replicated as u64),
+    );
     out.push_str("# EOF\n");
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
         .into_response()

@@ -332,14 +332,30 @@ async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
     })
     .await;
 
-    let acked = producers.stop().await;
-    let survivor = cluster.agents.iter().find(|a| a.url() != cluster.agents[i].url()).expect("a live agent");
-    check(&survivor.client(), "orders", &acked).await;
+    // Operators see it: metadata counts under-replicated segments (the ones written while
+    // an agent is down hold two replicas), the writers export their followers' lag.
+    let s = cluster.state().await.expect("state");
+    assert!(!s.under_replicated().is_empty(), "segments on two of three agents are under-replicated");
+    let survivor =
+        cluster.agents.iter().position(|a| a.url() != cluster.agents[i].url()).expect("a live agent");
+    let metrics = cluster.agents[survivor].client().metrics().await.expect("metrics");
+    for name in ["silt_agent_replication_lag_records{", "silt_agent_replica_append_seconds_count"] {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
 
-    // The killed agent comes back and serves all of it too.
+    let acked = producers.stop().await;
+    check(&cluster.agents[survivor].client(), "orders", &acked).await;
+
+    // The killed agent comes back and serves all of it too; the writers open segments on all
+    // three agents again, and once the segments written meanwhile are archived nothing is
+    // under-replicated.
     cluster.agents[i].restart();
     cluster.refresh_urls();
     check(&cluster.agents[i].client(), "orders", &acked).await;
+    wait_for("no under-replicated segment", Duration::from_secs(60), || async {
+        cluster.state().await?.under_replicated().is_empty().then_some(())
+    })
+    .await;
 }
 
 /// One fault at a time on a running cluster, each followed by recovery: how many rounds run
