@@ -60,6 +60,8 @@ const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
 const START_RETRY_INTERVAL: Duration = Duration::from_millis(200);
 /// The default agent lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long an agent may be gone before its replicas of sealed segments are copied elsewhere.
+pub const DEFAULT_REPLICA_REPAIR_AFTER: Duration = Duration::from_secs(60);
 
 /// Where and who this agent is.
 #[derive(Debug, Clone)]
@@ -75,6 +77,9 @@ pub struct AgentConfig {
     pub lease: Duration,
     /// `replication.factor` of topics created through this agent without one.
     pub default_replication_factor: u32,
+    /// Ensemble repair: a sealed segment's replica on an agent gone for this long (lease
+    /// lapsed) is copied to another agent. A replica on a replaced disk is copied at once.
+    pub replica_repair_after: Duration,
 }
 
 impl AgentConfig {
@@ -86,6 +91,7 @@ impl AgentConfig {
             data_dir,
             lease: DEFAULT_LEASE,
             default_replication_factor: 1,
+            replica_repair_after: DEFAULT_REPLICA_REPAIR_AFTER,
         }
     }
 }
@@ -194,6 +200,19 @@ type CursorKey = (String, String, u32);
 type Retired = (u64, Arc<PartitionReader>);
 /// A retired log to check: its partition, topic id and the offset ranges it holds.
 type RetiredRanges = ((String, u32), u64, Vec<(u64, u64)>);
+/// One ensemble repair: copy a sealed segment to `with` in place of `gone`.
+struct Repair {
+    topic: String,
+    topic_id: u64,
+    partition: u32,
+    segment: u64,
+    segment_epoch: u64,
+    gone: String,
+    with: String,
+    with_addr: String,
+    with_instance: String,
+}
+
 /// A followed partition's replica; `None` once closed (the agent writes the partition now, or
 /// the replica failed and is opened again from disk).
 type SharedReplica = Arc<Mutex<Option<Replica>>>;
@@ -220,6 +239,8 @@ struct Inner {
     retired: RwLock<HashMap<(String, u32), Retired>>,
     /// Partitions this agent follows (holds replicas of segments another agent writes).
     replicas: Mutex<HashMap<(String, u32), SharedReplica>>,
+    /// Whether an ensemble repair runs (one at a time).
+    repairing: Arc<std::sync::atomic::AtomicBool>,
     /// Writers that failed to start, when and why (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<(String, u32), (Instant, ApiError)>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
@@ -349,6 +370,7 @@ impl Agent {
                 retired: RwLock::new(HashMap::new()),
                 replicas: Mutex::new(HashMap::new()),
                 start_failures: Mutex::new(HashMap::new()),
+                repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
@@ -481,6 +503,7 @@ impl Agent {
         self.export_replication_lag();
         self.drop_archived_retired_logs().await;
         self.trim_replicas().await;
+        self.start_repair();
         let stale: Vec<(String, u32)> = self
             .inner
             .partitions
@@ -1381,16 +1404,7 @@ impl Agent {
                 })?
             }
         };
-        let open = |agent: &Agent| {
-            let mut replicas = lock(&agent.inner.replicas);
-            let r = replicas.get(&key).cloned()?;
-            if lock(&r).is_some() {
-                return Some(r);
-            }
-            replicas.remove(&key);
-            None
-        };
-        if let Some(r) = open(self) {
+        if let Some(r) = self.open_replica_if_any(topic, partition) {
             return Ok(r);
         }
         let running =
@@ -1408,15 +1422,39 @@ impl Agent {
             info!(topic, partition, epoch, newer = target.epoch, "a newer writer fenced this agent's writer");
             self.stop_writer(topic, partition).await;
         }
+        self.open_replica(topic, partition, target.topic_id, part).await
+    }
+
+    /// The replica of a partition this agent already has open, if any.
+    fn open_replica_if_any(&self, topic: &str, partition: u32) -> Option<SharedReplica> {
+        let key = (topic.to_string(), partition);
+        let mut replicas = lock(&self.inner.replicas);
+        let r = replicas.get(&key).cloned()?;
+        if lock(&r).is_some() {
+            return Some(r);
+        }
+        replicas.remove(&key);
+        None
+    }
+
+    /// Opens the local log of a partition this agent does not write as a replica (cut back to
+    /// what metadata recorded), or returns the one already open.
+    async fn open_replica(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: u64,
+        part: silt_metadata::state::Partition,
+    ) -> Result<SharedReplica, ApiError> {
+        let key = (topic.to_string(), partition);
         let writers = self.inner.writers.lock().await;
         if writers.contains_key(&key) {
             return Err(ApiError::unavailable(format!("this agent writes {topic}/{partition}; retry")));
         }
-        if let Some(r) = open(self) {
+        if let Some(r) = self.open_replica_if_any(topic, partition) {
             return Ok(r);
         }
-        let dir = self.topic_dir(topic, target.topic_id).join(partition.to_string());
-        let topic_id = target.topic_id;
+        let dir = self.topic_dir(topic, topic_id).join(partition.to_string());
         let replica = tokio::task::spawn_blocking(move || Replica::open(&dir, topic_id, &part))
             .await
             .map_err(|e| ApiError::unavailable(format!("opening a replica panicked: {e}")))??;
@@ -1429,6 +1467,88 @@ impl Agent {
         lock(&self.inner.replicas).insert(key, Arc::clone(&shared));
         drop(writers);
         Ok(shared)
+    }
+
+    /// Ensemble repair, on the agent that is to hold a new replica: copies the sealed segment
+    /// `target` names from agent `source`, which holds it, into the local log.
+    pub async fn replica_repair(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+        source: &str,
+    ) -> Result<(), ApiError> {
+        let part = self.inner.metadata.read(|s| {
+            s.topics
+                .get(topic)
+                .filter(|t| t.id == target.topic_id)
+                .and_then(|t| t.partitions.get(partition as usize).cloned())
+        });
+        let part = part.await?.ok_or_else(|| {
+            ApiError::from(MetadataError::UnknownPartition { topic: topic.into(), partition })
+        })?;
+        let last = part
+            .segments
+            .get(&target.segment)
+            .filter(|s| {
+                s.state == silt_metadata::state::SegmentState::Sealed && s.epoch == target.segment_epoch
+            })
+            .and_then(|s| s.last_offset)
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_argument",
+                    format!("{topic}/{partition} has no sealed segment at offset {} to copy", target.segment),
+                )
+            })?;
+        let addr = self
+            .inner
+            .metadata
+            .read_local(|s| s.agents.get(source).map(|a| a.addr.clone()))
+            .ok_or_else(|| ApiError::unavailable(format!("agent '{source}' is not registered")))?;
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut next = target.segment;
+        while next <= last {
+            let body =
+                self.inner.peers.replica_batches((source, &addr), topic, partition, &target, next).await?;
+            let got: Vec<RecordBatch> = split_batches(body)?
+                .into_iter()
+                .skip_while(|b| b.last_offset() < next)
+                .take_while(|b| b.base_offset() <= last)
+                .collect();
+            let Some(end) = got.last().map(|b| b.next_offset()) else {
+                return Err(ApiError::unavailable(format!(
+                    "agent '{source}' holds nothing of segment {} at offset {next}",
+                    target.segment
+                )));
+            };
+            batches.extend(got);
+            next = end;
+        }
+        if next != last + 1 {
+            return Err(ApiError::unavailable(format!(
+                "the copy of segment {} ends at offset {}, not {}",
+                target.segment,
+                next - 1,
+                last
+            )));
+        }
+        let shared = self.open_replica(topic, partition, target.topic_id, part).await?;
+        tokio::task::spawn_blocking(move || {
+            let mut guard = lock(&shared);
+            let replica =
+                guard.as_mut().ok_or_else(|| StoreError::Failed("the replica was closed; retry".into()))?;
+            replica.log_mut().insert_sealed(&batches)
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("repair task panicked: {e}")))??;
+        info!(
+            topic,
+            partition,
+            segment = target.segment,
+            from = source,
+            "copied a sealed segment: a new replica"
+        );
+        Ok(())
     }
 
     /// Runs `f` on a followed partition's replica on the blocking pool. A storage failure
@@ -1574,6 +1694,136 @@ impl Agent {
             }
         }
         Err(last)
+    }
+
+    /// Ensemble repair: of the sealed segments whose first intact replica is on this agent,
+    /// finds one with a replica on an agent gone longer than `replica_repair_after` (or on a
+    /// replaced disk), has a live agent outside the ensemble copy it from here, and records
+    /// the new member in metadata. One repair runs at a time.
+    fn start_repair(&self) {
+        use std::sync::atomic::Ordering as O;
+        if self.inner.repairing.load(O::Relaxed) {
+            return;
+        }
+        let Some(repair) = self.repair_candidate() else { return };
+        self.inner.repairing.store(true, O::Relaxed);
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let r = &repair;
+            let target = ReplicaTarget {
+                topic_id: r.topic_id,
+                epoch: 0,
+                segment: r.segment,
+                segment_epoch: r.segment_epoch,
+            };
+            let me = agent.inner.config.agent_id.clone();
+            let copied = agent
+                .inner
+                .peers
+                .replica_repair((&r.with, &r.with_addr), &r.topic, r.partition, &target, &me)
+                .await;
+            let result = match copied {
+                Ok(()) => agent
+                    .inner
+                    .metadata
+                    .write(Command::ReplaceReplica {
+                        topic: r.topic.clone(),
+                        topic_id: r.topic_id,
+                        partition: r.partition,
+                        base_offset: r.segment,
+                        gone: r.gone.clone(),
+                        with: r.with.clone(),
+                        instance: r.with_instance.clone(),
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(ApiError::from),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => {
+                    info!(topic = %r.topic, partition = r.partition, segment = r.segment, gone = %r.gone, with = %r.with,
+                    "repaired an ensemble: the segment has a new replica")
+                }
+                Err(e) => {
+                    warn!(topic = %r.topic, partition = r.partition, segment = r.segment, with = %r.with,
+                    error = %e.message, "ensemble repair failed; will retry")
+                }
+            }
+            agent.inner.repairing.store(false, O::Relaxed);
+        });
+    }
+
+    fn repair_candidate(&self) -> Option<Repair> {
+        let me = self.inner.config.agent_id.as_str();
+        let after = self.inner.config.replica_repair_after.as_millis() as u64;
+        self.inner.metadata.read_local(|s| {
+            let now = s.clock_ms;
+            let recorded = |seg: &silt_metadata::state::Segment, i: usize| {
+                seg.instances.get(i).filter(|r| !r.is_empty()).cloned()
+            };
+            let intact = |seg: &silt_metadata::state::Segment, i: usize, a: &str| {
+                s.agents.get(a).is_some_and(|info| {
+                    info.is_live(now) && recorded(seg, i).is_none_or(|r| r == info.instance)
+                })
+            };
+            let gone = |seg: &silt_metadata::state::Segment, i: usize, a: &str| match s.agents.get(a) {
+                None => true,
+                Some(info) => {
+                    recorded(seg, i).is_some_and(|r| r != info.instance)
+                        || (!info.is_live(now)
+                            && now
+                                >= info.last_heartbeat_ms.saturating_add(info.lease_ms).saturating_add(after))
+                }
+            };
+            let mut load: HashMap<&str, usize> = s.live_agents().map(|a| (a.id.as_str(), 0)).collect();
+            for seg in s.topics.values().flat_map(|t| t.partitions.iter()).flat_map(|p| p.segments.values()) {
+                for a in &seg.ensemble {
+                    if let Some(n) = load.get_mut(a.as_str()) {
+                        *n += 1;
+                    }
+                }
+            }
+            for t in s.topics.values() {
+                for (p, part) in t.partitions.iter().enumerate() {
+                    for seg in part
+                        .segments
+                        .values()
+                        .filter(|seg| seg.state == silt_metadata::state::SegmentState::Sealed)
+                    {
+                        let first = seg.ensemble.iter().enumerate().find(|(i, a)| intact(seg, *i, a));
+                        if first.map(|(_, a)| a.as_str()) != Some(me) {
+                            continue;
+                        }
+                        let Some(gone) = seg.ensemble.iter().enumerate().find(|(i, a)| gone(seg, *i, a))
+                        else {
+                            continue;
+                        };
+                        // A live agent outside the ensemble; not the partition's writer, whose
+                        // log belongs to its writer task.
+                        let with = s
+                            .live_agents()
+                            .filter(|a| {
+                                !seg.ensemble.contains(&a.id) && part.writer.as_deref() != Some(a.id.as_str())
+                            })
+                            .min_by_key(|a| (load.get(a.id.as_str()).copied().unwrap_or(0), a.id.clone()));
+                        let Some(with) = with else { continue };
+                        return Some(Repair {
+                            topic: t.name.clone(),
+                            topic_id: t.id,
+                            partition: p as u32,
+                            segment: seg.base_offset,
+                            segment_epoch: seg.epoch,
+                            gone: gone.1.clone(),
+                            with: with.id.clone(),
+                            with_addr: with.addr.clone(),
+                            with_instance: with.instance.clone(),
+                        });
+                    }
+                }
+            }
+            None
+        })
     }
 
     /// Sets the replication metrics from the writers' last view of their followers.

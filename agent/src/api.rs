@@ -47,6 +47,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/internal/v1/replicas/{topic}/{partition}/append", post(replica_append))
         .route("/internal/v1/replicas/{topic}/{partition}/fence", post(replica_fence))
         .route("/internal/v1/replicas/{topic}/{partition}/batches", get(replica_batches))
+        .route("/internal/v1/replicas/{topic}/{partition}/repair", post(replica_repair))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .with_state(agent)
@@ -433,6 +434,34 @@ async fn replica_batches(
     };
     let body = agent.replica_batches(&topic, partition, target, p.from).await?;
     Ok(([(header::CONTENT_TYPE, "application/vnd.kafka.record-batch.v2")], body).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaRepairParams {
+    topic_id: u64,
+    epoch: u64,
+    segment: u64,
+    segment_epoch: u64,
+    source: String,
+}
+
+/// Ensemble repair: this agent is to hold a new replica of a sealed segment, copied from
+/// the agent `source`.
+async fn replica_repair(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<ReplicaRepairParams>, QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = query(params)?;
+    let target = ReplicaTarget {
+        topic_id: p.topic_id,
+        epoch: p.epoch,
+        segment: p.segment,
+        segment_epoch: p.segment_epoch,
+    };
+    agent.replica_repair(&topic, partition, target, &p.source).await?;
+    Ok(Json(serde_json::json!({ "copied": true })))
 }
 
 #[derive(Deserialize)]

@@ -194,6 +194,62 @@ impl PartitionLog {
         Ok(())
     }
 
+    /// Adds a whole sealed segment (its batches, offsets contiguous) that this log holds no
+    /// part of: ensemble repair copies it from another replica. It goes where its offsets
+    /// belong, between the segments around it; placed after the last one, the active segment
+    /// is sealed (or dropped, if empty) and a new empty one starts after the copy.
+    pub fn insert_sealed(&mut self, batches: &[RecordBatch]) -> Result<(), StoreError> {
+        let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
+            return Err(StoreError::Diverged("an empty segment cannot be copied".into()));
+        };
+        let (base, end) = (first.base_offset(), last.next_offset());
+        // An empty active segment in the way holds nothing: drop it (a follower starts it again).
+        if self.active().record_count() == 0 && self.active().base_offset() < end {
+            let old = self.segments.pop().expect("a log has an active segment");
+            old.delete_files()?;
+        }
+        let at = self.segments.partition_point(|s| s.base_offset() < base);
+        let overlaps_before = at > 0 && self.segments[at - 1].next_offset() > base;
+        let overlaps_after = self.segments.get(at).is_some_and(|next| next.base_offset() < end);
+        if overlaps_before || overlaps_after {
+            if self.segments.is_empty() {
+                self.segments.push(Segment::create(&self.dir, end)?);
+            }
+            return Err(StoreError::Diverged(format!(
+                "a copy of offsets {base}..{end} overlaps segments this replica holds"
+            )));
+        }
+        let after_all = at == self.segments.len();
+        if after_all {
+            if let Some(last) = self.segments.last().filter(|s| s.record_count() > 0) {
+                last.seal()?;
+            }
+        }
+        let mut segment = Segment::create(&self.dir, base)?;
+        for b in batches {
+            if b.base_offset() != segment.next_offset() {
+                segment.delete_files()?;
+                if self.segments.is_empty() {
+                    self.segments.push(Segment::create(&self.dir, end)?);
+                }
+                return Err(StoreError::Diverged(format!(
+                    "a copied batch at offset {} does not follow offset {}",
+                    b.base_offset(),
+                    segment.next_offset() - 1
+                )));
+            }
+            segment.append(b)?;
+        }
+        segment.seal()?;
+        let at = self.segments.partition_point(|s| s.base_offset() < base);
+        self.segments.insert(at, segment);
+        if after_all {
+            self.segments.push(Segment::create(&self.dir, end)?);
+        }
+        self.publish();
+        Ok(())
+    }
+
     /// Cuts the segment starting at `base` back to `end` (a batch boundary): the records from
     /// there on were never acknowledged. A sealed segment cut to nothing is removed.
     pub fn truncate_segment(&mut self, base: u64, end: u64) -> Result<(), StoreError> {

@@ -536,7 +536,15 @@ impl PartitionWriter {
             let replaced = open.ensemble.iter().zip(&open.instances).any(|(a, recorded)| {
                 s.agents.get(a).is_some_and(|i| !recorded.is_empty() && i.instance != *recorded)
             });
-            replaced || (size < self.config.replication_factor && s.live_agents().count() > size)
+            let live_members = open
+                .ensemble
+                .iter()
+                .filter(|a| s.agents.get(*a).is_some_and(|i| i.is_live(s.clock_ms)))
+                .count();
+            let live = s.live_agents().count();
+            // A member whose lease lapsed, while another live agent could take its place.
+            let lapsed = live_members < open.ensemble.len() && live > live_members;
+            replaced || lapsed || (size < self.config.replication_factor && live > size)
         })
     }
 

@@ -25,6 +25,8 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest a replica append or fence may take before the writer counts that replica as failed.
 pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest copying one sealed segment to a new replica may take.
+pub const REPAIR_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most bytes one read of a replica's batches returns (recovery copies tails in such steps).
 pub const REPLICA_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
@@ -371,6 +373,24 @@ impl Peers {
             )));
         }
         Ok(body)
+    }
+
+    /// Asks agent `to` to copy a sealed segment from agent `source` (ensemble repair).
+    pub async fn replica_repair(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        source: &str,
+    ) -> Result<(), ApiError> {
+        let request = self
+            .http
+            .post(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/repair")))
+            .query(target)
+            .query(&[("source", source)]);
+        let _: serde_json::Value = self.send_within(agent, addr, request, REPAIR_TIMEOUT).await?;
+        Ok(())
     }
 
     /// The first offset at or after a time, from the partition's writer.

@@ -43,6 +43,8 @@ pub struct AgentProcessConfig {
     pub compactor: bool,
     /// `replication.factor` of topics created through this agent without one.
     pub default_replication_factor: u32,
+    /// How long an agent may be gone before its replicas of sealed segments are copied.
+    pub replica_repair_after: Duration,
 }
 
 /// The address other agents reach this one at when `--advertise` is not given: the listener's,
@@ -88,6 +90,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         lease: config.lease,
         compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },
         default_replication_factor: config.default_replication_factor,
+        replica_repair_after: config.replica_repair_after,
     })
     .await;
     cancel.cancel();

@@ -88,6 +88,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         lease: silt_agent::agent::DEFAULT_LEASE,
         compactor: CompactorScope::All,
         default_replication_factor,
+        replica_repair_after: silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER,
     })];
     for i in 2..=agents {
         let id = format!("dev-{i}");
@@ -107,6 +108,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
             // The first agent's compactor archives every segment.
             compactor: CompactorScope::Off,
             default_replication_factor,
+            replica_repair_after: silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER,
         }));
     }
     let served: Result<Vec<()>> = futures::future::join_all(servers).await.into_iter().collect();
@@ -157,6 +159,8 @@ pub(crate) struct ServeConfig {
     pub compactor: CompactorScope,
     /// `replication.factor` of topics created without one.
     pub default_replication_factor: u32,
+    /// How long an agent may be gone before its replicas of sealed segments are copied.
+    pub replica_repair_after: std::time::Duration,
 }
 
 /// The bucket at `url` as every process uses it: retried, instrumented, and with injected
@@ -208,6 +212,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     );
     agent_config.lease = config.lease;
     agent_config.default_replication_factor = config.default_replication_factor;
+    agent_config.replica_repair_after = config.replica_repair_after;
     let agent = Agent::start(
         agent_config,
         config.metadata.clone(),

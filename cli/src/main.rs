@@ -155,6 +155,12 @@ enum Cmd {
         /// them (a majority by default) have fsynced it.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
         default_replication_factor: u32,
+        /// Ensemble repair: when an agent holding replicas of sealed, not yet archived segments
+        /// has been gone (lease lapsed) this long, another agent copies them from the
+        /// survivors so that replication.factor holds again. Replicas on a wiped disk are
+        /// copied at once.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        replica_repair_after: Duration,
     },
     /// Run the compactor in its own process, for a cluster of `silt agent`s.
     ///
@@ -437,6 +443,7 @@ async fn run(cli: Cli) -> Result<()> {
             lease,
             no_compactor,
             default_replication_factor,
+            replica_repair_after,
         } => {
             silt::agent::run(silt::agent::AgentProcessConfig {
                 id,
@@ -450,6 +457,7 @@ async fn run(cli: Cli) -> Result<()> {
                 lease,
                 compactor: !no_compactor,
                 default_replication_factor,
+                replica_repair_after,
             })
             .await
         }

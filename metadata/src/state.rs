@@ -273,6 +273,24 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// Ensemble repair: agent `with` now holds a full copy of a sealed segment in place of
+    /// `gone` (an agent that is gone, or lost its disk).
+    ReplaceReplica {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset; the segment must be sealed.
+        base_offset: u64,
+        /// The member replaced.
+        gone: String,
+        /// The new member; not yet in the ensemble.
+        with: String,
+        /// The new member's data-directory instance.
+        instance: String,
+    },
     /// Record that a sealed segment's records are in an object in the bucket. Only after this
     /// may agents drop their local copies.
     ArchiveSegment {
@@ -607,6 +625,31 @@ impl MetadataState {
                 segment.min_timestamp_ms = *min_timestamp_ms;
                 segment.max_timestamp_ms = *max_timestamp_ms;
                 segment.sealed_ms = Some(*now_ms);
+                Ok(Response::Ok)
+            }
+            Command::ReplaceReplica { topic, topic_id, partition, base_offset, gone, with, instance } => {
+                self.check_topic_id(topic, Some(*topic_id))?;
+                let p = self.partition_mut(topic, *partition)?;
+                let Some(seg) = p.segments.get_mut(base_offset).filter(|s| s.state == SegmentState::Sealed)
+                else {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "{topic}/{partition} has no sealed segment at offset {base_offset}"
+                    )));
+                };
+                if seg.ensemble.contains(with) {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "agent '{with}' already holds segment {base_offset} of {topic}/{partition}"
+                    )));
+                }
+                let Some(i) = seg.ensemble.iter().position(|a| a == gone) else {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "agent '{gone}' holds no replica of segment {base_offset} of {topic}/{partition}"
+                    )));
+                };
+                seg.ensemble[i] = with.clone();
+                if let Some(slot) = seg.instances.get_mut(i) {
+                    *slot = instance.clone();
+                }
                 Ok(Response::Ok)
             }
             Command::ArchiveSegment {

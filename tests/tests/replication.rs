@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
 use silt::client::{Client, OutMessage};
 use silt::silt_metadata::MetadataState;
 use silt_tests::{wait_for, AgentOptions, MetadataCluster, Proxy, SiltDev};
@@ -30,13 +32,18 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Self::start_with(3, &[]).await
+    }
+
+    /// `n` agents, each started with `extra` arguments too.
+    async fn start_with(n: usize, extra: &[&str]) -> Cluster {
         let metadata = MetadataCluster::start(3, &[]);
         metadata.wait_for_leader(&[1, 2, 3], Duration::from_secs(20)).await;
         let bucket = tempfile::tempdir().expect("tempdir");
         let objects = format!("file://{}", bucket.path().display());
         let mut agents = Vec::new();
         let mut networks = Vec::new();
-        for i in 1..=3 {
+        for i in 1..=n {
             let inbound = Proxy::start("127.0.0.1:1").await;
             let mut to_metadata = Vec::new();
             for addr in metadata.addrs() {
@@ -47,7 +54,11 @@ impl Cluster {
                 metadata: to_metadata.iter().map(|p| p.addr().to_string()).collect(),
                 object_store: objects.clone(),
                 lease: LEASE.into(),
-                extra: vec!["--advertise".into(), inbound.addr().to_string()],
+                extra: ["--advertise", inbound.addr()]
+                    .into_iter()
+                    .chain(extra.iter().copied())
+                    .map(String::from)
+                    .collect(),
             });
             inbound.set_target(agent.url().trim_start_matches("http://"));
             agents.push(agent);
@@ -56,9 +67,9 @@ impl Cluster {
         let urls = Arc::new(Mutex::new(agents.iter().map(|a| a.url().to_string()).collect()));
         let cluster = Cluster { metadata, agents, networks, urls, _bucket: bucket };
         // Every agent registered, so that the first segments get a full ensemble.
-        wait_for("three live agents", Duration::from_secs(20), || async {
+        wait_for("every agent live", Duration::from_secs(20), || async {
             let s = cluster.state().await?;
-            (s.agents.values().filter(|a| a.is_live(s.clock_ms)).count() == 3).then_some(())
+            (s.agents.values().filter(|a| a.is_live(s.clock_ms)).count() == n).then_some(())
         })
         .await;
         cluster
@@ -494,5 +505,95 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
     }
     for agent in &cluster.agents {
         check(&agent.client(), "events", &acked).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_an_agent_gone_too_long_are_copied_to_another_agent() {
+    // No archiving: sealed segments stay on the agents' disks, the only copies there are.
+    let mut cluster = Cluster::start_with(4, &["--no-compactor", "--replica-repair-after", "1s"]).await;
+    let client = cluster.agents[0].client();
+    let config = BTreeMap::from([
+        ("replication.factor".to_string(), "3".to_string()),
+        ("segment.ms".to_string(), "200".to_string()),
+    ]);
+    client.create_topic("logs", 1, &config).await.expect("create topic");
+    let mut acked: BTreeMap<u64, String> = BTreeMap::new();
+    for round in 0..3 {
+        let batch: Vec<OutMessage> = (0..50)
+            .map(|i| OutMessage {
+                key: Some("k".into()),
+                value: Some(format!("r{round}-{i}")),
+                ..OutMessage::default()
+            })
+            .collect();
+        let ids = client.produce("logs", &batch).await.expect("produce");
+        for (id, m) in ids.iter().zip(&batch) {
+            acked.insert(offset_of(id).1, m.value.clone().expect("value"));
+        }
+        let last = *acked.keys().last().expect("acked");
+        wait_for("the round's segment sealed", Duration::from_secs(20), || async {
+            let s = cluster.state().await?;
+            s.topics["logs"].partitions[0]
+                .segments
+                .values()
+                .any(|seg| seg.last_offset == Some(last))
+                .then_some(())
+        })
+        .await;
+    }
+    // A follower of the sealed segments goes away for good.
+    let s = cluster.state().await.expect("state");
+    let part = &s.topics["logs"].partitions[0];
+    let writer = part.writer.clone().expect("writer");
+    let sealed: Vec<u64> =
+        part.segments.values().filter(|seg| seg.last_offset.is_some()).map(|seg| seg.base_offset).collect();
+    let gone = part.segments[&sealed[0]].ensemble.iter().find(|a| **a != writer).expect("a follower").clone();
+    let g = cluster.index_of(&gone);
+    cluster.agents[g].kill9();
+
+    // Within the lease and the repair delay, every sealed segment it held is on three live
+    // agents again, and nothing is under-replicated.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let repaired = loop {
+        let s = cluster.state().await.expect("state");
+        let part = &s.topics["logs"].partitions[0];
+        if sealed.iter().all(|b| !part.segments[b].ensemble.contains(&gone))
+            && s.under_replicated().is_empty()
+        {
+            break part.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not repaired within 60 s: {:?}\nunder-replicated: {:?}\nlogs:\n{}",
+            part.segments,
+            s.under_replicated(),
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The new holders serve the copies: every acknowledged record, straight from their disks.
+    for base in &sealed {
+        let seg = &repaired.segments[base];
+        let last = seg.last_offset.expect("sealed");
+        for holder in &seg.ensemble {
+            let agent = &cluster.agents[cluster.index_of(holder)];
+            let url = format!(
+                "{}/internal/v1/topics/logs/partitions/0/held?from_offset={base}&max=1000",
+                agent.url()
+            );
+            let page: serde_json::Value = reqwest::get(&url).await.expect("held").json().await.expect("json");
+            let records = page["records"].as_array().expect("records");
+            assert_eq!(records.len() as u64, last - base + 1, "{holder} holds segment {base} whole: {page}");
+            for r in records {
+                let offset = r["offset"].as_u64().expect("offset");
+                let value = B64.decode(r["value"].as_str().expect("value")).expect("base64");
+                assert_eq!(
+                    Some(&String::from_utf8(value).expect("utf8")),
+                    acked.get(&offset),
+                    "{holder} at {offset}"
+                );
+            }
+        }
     }
 }
