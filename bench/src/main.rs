@@ -65,9 +65,10 @@ struct Args {
     drain: Duration,
 }
 
-const SILT_SETTINGS: &str = "`silt dev` (metadata, one agent and the compactor in one process; bucket \
-in a local folder), every produce acknowledged after fdatasync (group commit), R=1: one replica, the \
-writer agent's disk. Produced with `Client::produce_batch` (binary RecordBatch v2, one batch per \
+const SILT_SETTINGS: &str = "`silt dev --agents R` (metadata, R agents and the compactor in one process, \
+each agent with its own data directory; bucket in a local folder), topics with replication.factor=R: \
+every produce acknowledged after fdatasync (group commit) on a majority of the R replicas (R=1: the \
+writer's disk; R=3: the writer and one of two followers). Produced with `Client::produce_batch` (binary RecordBatch v2, one batch per \
 request, what a production client sends); consumed by one exclusive consumer group (long-poll + ack \
 per poll, JSON).";
 

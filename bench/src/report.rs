@@ -348,25 +348,28 @@ impl Report {
                 s,
                 "| metric | Silt R=1 | Silt R=3 | limit | Silt R=1/limit |\n|---|---|---|---|---|"
             );
+            let r3 = r3.and_then(|x| x.result.as_ref());
             let _ = writeln!(
                 s,
-                "| replay, object bytes per second | {} MB/s | n/a¹ | raw GET of the same objects: {} MB/s | {} |",
+                "| replay, object bytes per second | {} MB/s | {} | raw GET of the same objects: {} MB/s | {} |",
                 f(r.replay_object_mb_per_s),
+                r3.map_or("n/a¹".into(), |x| format!("{} MB/s", f(x.replay_object_mb_per_s))),
                 f(r.raw_get_mb_per_s),
                 ratio(Some(r.replay_object_mb_per_s), Some(r.raw_get_mb_per_s))
             );
-            let rows = [
-                ("replay, message values per second", format!("{} MB/s", f(r.replay_value_mb_per_s))),
-                ("replay, messages per second", f(r.replay_msgs_per_s)),
-                ("PUTs per GiB of values (archiving)", f(r.puts_per_gib)),
-                ("GETs per GiB of values (replay)", f(r.gets_per_gib)),
-                ("Parquet size / segment size", format!("{:.3}", r.parquet_size_ratio)),
-                ("server CPU s per GB, write + archive", f(r.write_and_archive_cpu_s_per_gb)),
-                ("server CPU s per GB, replay", f(r.replay_cpu_s_per_gb)),
-                ("server peak RSS while replaying, MiB", f(r.replay_peak_rss_mib)),
+            type Cell = fn(&ReplayResult) -> String;
+            let rows: [(&str, Cell); 8] = [
+                ("replay, message values per second", |x| format!("{} MB/s", f(x.replay_value_mb_per_s))),
+                ("replay, messages per second", |x| f(x.replay_msgs_per_s)),
+                ("PUTs per GiB of values (archiving)", |x| f(x.puts_per_gib)),
+                ("GETs per GiB of values (replay)", |x| f(x.gets_per_gib)),
+                ("Parquet size / segment size", |x| format!("{:.3}", x.parquet_size_ratio)),
+                ("server CPU s per GB, write + archive", |x| f(x.write_and_archive_cpu_s_per_gb)),
+                ("server CPU s per GB, replay", |x| f(x.replay_cpu_s_per_gb)),
+                ("server peak RSS while replaying, MiB", |x| f(x.replay_peak_rss_mib)),
             ];
-            for (name, v) in rows {
-                let _ = writeln!(s, "| {name} | {v} | n/a¹ | – | – |");
+            for (name, cell) in rows {
+                let _ = writeln!(s, "| {name} | {} | {} | – | – |", cell(r), r3.map_or("n/a¹".into(), cell));
             }
             if let Some(p) = peer.and_then(|p| p.reason.clone()) {
                 let _ = writeln!(s, "\nPeer: {p}");

@@ -63,6 +63,8 @@ pub struct DevOptions {
     pub object_store: Option<String>,
     /// Extra environment (AWS_* for an S3 emulator, fault injection).
     pub env: Vec<(String, String)>,
+    /// More arguments (`--agents 3`).
+    pub args: Vec<String>,
 }
 
 /// How to start `silt agent`.
@@ -125,7 +127,7 @@ impl SiltDev {
             data_dir: tmp.path().join("data"),
             url: String::new(),
             log: tmp.path().join("silt.log"),
-            options: DevOptions { object_store: Some(agent.object_store.clone()), env: Vec::new() },
+            options: DevOptions { object_store: Some(agent.object_store.clone()), ..DevOptions::default() },
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -171,6 +173,7 @@ impl SiltDev {
         if let Some(url) = &self.options.object_store {
             cmd.args(["--object-store", url]);
         }
+        cmd.args(&self.options.args);
         cmd.envs(self.options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut child = cmd
             .env("SILT_LOG", "info,openraft=warn")

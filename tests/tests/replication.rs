@@ -597,3 +597,41 @@ async fn replicas_on_an_agent_gone_too_long_are_copied_to_another_agent() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
+    let dev = SiltDev::start_with(silt_tests::DevOptions {
+        args: vec!["--agents".into(), "3".into()],
+        ..Default::default()
+    });
+    let client = dev.client();
+    let topic = client.create_topic("demo", 2, &BTreeMap::new()).await.expect("create topic");
+    assert_eq!(topic["config"]["replication.factor"], "3", "three agents: three replicas by default");
+    assert_eq!(topic["config"]["min.insync.replicas"], "2");
+    let batch: Vec<OutMessage> = (0..100)
+        .map(|i| OutMessage { partition: Some(i % 2), value: Some(format!("m{i}")), ..OutMessage::default() })
+        .collect();
+    let ids = client.produce("demo", &batch).await.expect("produce");
+    assert_eq!(ids.len(), 100);
+    let described = client.describe_topic("demo").await.expect("describe");
+    for p in described["partitions"].as_array().expect("partitions") {
+        let segments = p["segments"].as_array().expect("segments");
+        let Some(open) = segments.iter().find(|s| s["state"] == "open") else {
+            panic!("no open segment: {p}")
+        };
+        let mut ensemble: Vec<&str> =
+            open["ensemble"].as_array().expect("ensemble").iter().filter_map(|a| a.as_str()).collect();
+        ensemble.sort();
+        assert_eq!(ensemble, ["dev", "dev-2", "dev-3"], "{p}");
+    }
+    // Every agent of the process serves it.
+    let mut values = Vec::new();
+    for p in 0..2 {
+        let page = client.replay("demo", p, Some(0), None, 1000).await.expect("replay");
+        values.extend(page.messages.into_iter().map(|m| m.value.unwrap_or_default()));
+    }
+    values.sort();
+    let mut expected: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    expected.sort();
+    assert_eq!(values, expected);
+}
