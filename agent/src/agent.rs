@@ -1322,7 +1322,7 @@ impl Agent {
     }
 
     /// Reads records this agent holds in its local log of a partition, whether or not it
-    /// writes the partition (segments it wrote before another agent took over).
+    /// writes the partition (segments it wrote or follows), never past their committed end.
     pub async fn read_held(
         &self,
         topic: &str,
@@ -1333,15 +1333,24 @@ impl Agent {
         let reader = self.local_reader(topic, partition).ok_or_else(|| {
             ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
         })?;
-        // Only what metadata sealed is served from a replica: a replica may hold a tail that
-        // was never acknowledged, and the open segment's committed end is its writer's.
-        let sealed_end = self.partition_meta(topic, partition).and_then(|p| {
-            let seg = p.segments.range(..=offset).next_back().map(|(_, s)| s)?;
-            (seg.state != silt_metadata::state::SegmentState::Open).then_some(seg.last_offset).flatten()
+        // Only what is committed is served from a replica (it may hold a tail that was never
+        // acknowledged): a sealed segment up to the end metadata sealed, the open one up to the
+        // end its writer last said was committed.
+        let segment = self.partition_meta(topic, partition).and_then(|p| {
+            let seg = p.segments.range(..=offset).next_back().map(|(_, s)| s.clone())?;
+            Some(seg)
         });
-        let Some(last) = sealed_end.filter(|l| *l >= offset) else {
+        let committed_last = segment.and_then(|seg| {
+            if seg.state != silt_metadata::state::SegmentState::Open {
+                return seg.last_offset;
+            }
+            let replica = self.open_replica_if_any(topic, partition)?;
+            let end = lock(&replica).as_ref()?.committed_end(seg.base_offset)?;
+            end.checked_sub(1).filter(|l| *l >= seg.base_offset)
+        });
+        let Some(last) = committed_last.filter(|l| *l >= offset) else {
             return Err(ApiError::unavailable(format!(
-                "offset {offset} of {topic}/{partition} is not in a sealed segment this agent holds; read it from the partition's writer"
+                "offset {offset} of {topic}/{partition} is not committed in a segment this agent holds; read it from the partition's writer"
             )));
         };
         let want = max_records.max(1).min((last - offset + 1) as usize);
@@ -1589,6 +1598,7 @@ impl Agent {
         topic: &str,
         partition: u32,
         target: ReplicaTarget,
+        committed: Option<u64>,
         body: Bytes,
     ) -> Result<u64, ApiError> {
         let batches = split_batches(body)?;
@@ -1608,7 +1618,13 @@ impl Agent {
         let (segment, segment_epoch) = (target.segment, target.segment_epoch);
         let started = Instant::now();
         let end = self
-            .on_replica(topic, partition, &target, move |r| r.append(segment, segment_epoch, &batches))
+            .on_replica(topic, partition, &target, move |r| {
+                let end = r.append(segment, segment_epoch, &batches)?;
+                if let Some(c) = committed {
+                    r.note_committed(segment, c);
+                }
+                Ok(end)
+            })
             .await?;
         self.inner.metrics.replica_append_seconds.observe(started.elapsed().as_secs_f64());
         Ok(end)

@@ -387,15 +387,31 @@ async fn peer_read_held(
     Ok(Json(WirePage { records, next_offset, high_watermark }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaAppendParams {
+    topic_id: u64,
+    epoch: u64,
+    segment: u64,
+    segment_epoch: u64,
+    committed: Option<u64>,
+}
+
 /// A writer streams batches to a follower's replica.
 async fn replica_append(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
-    target: Result<Query<ReplicaTarget>, QueryRejection>,
+    params: Result<Query<ReplicaAppendParams>, QueryRejection>,
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let target = query(target)?;
-    let end = agent.replica_append(&topic, partition, target, body).await?;
+    let p = query(params)?;
+    let target = ReplicaTarget {
+        topic_id: p.topic_id,
+        epoch: p.epoch,
+        segment: p.segment,
+        segment_epoch: p.segment_epoch,
+    };
+    let end = agent.replica_append(&topic, partition, target, p.committed, body).await?;
     Ok(Json(serde_json::json!({ "end_offset": end })))
 }
 

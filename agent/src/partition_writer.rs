@@ -459,7 +459,7 @@ impl PartitionWriter {
             } else {
                 let addr = addr_of(dest)?;
                 self.peers
-                    .replica_append((dest, &addr), &topic, partition, target, join_batches(&batches))
+                    .replica_append((dest, &addr), &topic, partition, target, None, join_batches(&batches))
                     .await
                     .map_err(|e| StoreError::NotEnoughReplicas(e.message))?;
             }
@@ -774,8 +774,9 @@ impl PartitionWriter {
             let r = log.append_replicated(&local_batches);
             (log, r, started.elapsed())
         });
+        let committed = batches.first().map_or(end, |b| b.base_offset());
         let replicated = match &self.ensemble {
-            Some(e) => e.replicate(&batches, end).await,
+            Some(e) => e.replicate(&batches, end, committed).await,
             None => Err(StoreError::NotEnoughReplicas("the open segment has no ensemble".into())),
         };
         let local = match local.await {

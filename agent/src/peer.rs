@@ -304,24 +304,29 @@ impl Peers {
     }
 
     /// Appends a writer's batches to a follower's replica; returns the end it holds.
+    /// `committed` is the writer's committed end before these batches: the follower serves
+    /// reads of the open segment up to there.
     pub async fn replica_append(
         &self,
         (agent, addr): (&str, &str),
         topic: &str,
         partition: u32,
         target: &ReplicaTarget,
+        committed: Option<u64>,
         batches: Bytes,
     ) -> Result<u64, ApiError> {
         #[derive(Deserialize)]
         struct End {
             end_offset: u64,
         }
-        let request = self
+        let mut request = self
             .http
             .post(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/append")))
-            .query(target)
-            .header("content-type", "application/vnd.kafka.record-batch.v2")
-            .body(batches);
+            .query(target);
+        if let Some(c) = committed {
+            request = request.query(&[("committed", c)]);
+        }
+        let request = request.header("content-type", "application/vnd.kafka.record-batch.v2").body(batches);
         let e: End = self.send_within(agent, addr, request, REPLICA_TIMEOUT).await?;
         Ok(e.end_offset)
     }

@@ -153,6 +153,9 @@ pub struct Replica {
     dir: PathBuf,
     log: PartitionLog,
     fence: u64,
+    /// The open segment followed, and the end its writer last said was committed (on W
+    /// replicas, acknowledged): this replica serves reads of that segment up to there.
+    committed: Option<(u64, u64)>,
 }
 
 impl Replica {
@@ -161,7 +164,7 @@ impl Replica {
         let (mut log, _) = PartitionLog::open(dir)?;
         trim_to_metadata(&mut log, part)?;
         let fence = read_fence(dir)?;
-        Ok(Replica { topic_id, dir: dir.to_path_buf(), log, fence })
+        Ok(Replica { topic_id, dir: dir.to_path_buf(), log, fence, committed: None })
     }
 
     /// The read half of the log.
@@ -177,6 +180,25 @@ impl Replica {
     /// The newest epoch seen.
     pub fn fence(&self) -> u64 {
         self.fence
+    }
+
+    /// Records that the writer has committed the segment at `segment` up to `end` (never
+    /// beyond what this replica holds, never backwards).
+    pub fn note_committed(&mut self, segment: u64, end: u64) {
+        let held = self
+            .log
+            .segments()
+            .iter()
+            .find(|s| s.base_offset() == segment)
+            .map_or(segment, |s| s.next_offset());
+        let end = end.min(held);
+        let before = self.committed.filter(|(s, _)| *s == segment).map_or(segment, |(_, e)| e);
+        self.committed = Some((segment, end.max(before)));
+    }
+
+    /// One past the last offset of the open segment at `segment` known to be committed.
+    pub fn committed_end(&self, segment: u64) -> Option<u64> {
+        self.committed.filter(|(s, _)| *s == segment).map(|(_, e)| e)
     }
 
     /// Refuses `epoch` if a newer writer fenced this replica, and raises the fence to it.

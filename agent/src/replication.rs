@@ -30,6 +30,7 @@ const FOLLOWER_QUEUE_GROUPS: usize = 256;
 struct Job {
     body: Bytes,
     end: u64,
+    committed: u64,
     done: oneshot::Sender<Result<(), String>>,
 }
 
@@ -119,8 +120,13 @@ impl Ensemble {
     }
 
     /// Sends a group of batches (ending at `end`) to every follower still in the ensemble and
-    /// waits until W - 1 of them have fsynced it.
-    pub async fn replicate(&self, batches: &[RecordBatch], end: u64) -> Result<(), StoreError> {
+    /// waits until W - 1 of them have fsynced it. `committed` is the end committed before it.
+    pub async fn replicate(
+        &self,
+        batches: &[RecordBatch],
+        end: u64,
+        committed: u64,
+    ) -> Result<(), StoreError> {
         if self.followers.is_empty() {
             return Ok(());
         }
@@ -133,7 +139,7 @@ impl Ensemble {
                 continue;
             }
             let (done, rx) = oneshot::channel();
-            match f.tx.try_send(Job { body: body.clone(), end, done }) {
+            match f.tx.try_send(Job { body: body.clone(), end, committed, done }) {
                 Ok(()) => {
                     let _ = f.state.oldest_pending_ms.compare_exchange(
                         0,
@@ -238,6 +244,7 @@ impl Link {
                     &self.topic,
                     self.partition,
                     &self.target,
+                    Some(job.committed),
                     job.body,
                 )
                 .await;

@@ -53,6 +53,8 @@ pub struct SiltDev {
     url: String,
     log: PathBuf,
     options: DevOptions,
+    /// Every line it printed to stdout.
+    printed: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -100,6 +102,7 @@ impl SiltDev {
             url: String::new(),
             log: tmp.path().join("silt.log"),
             options,
+            printed: Default::default(),
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -128,6 +131,7 @@ impl SiltDev {
             url: String::new(),
             log: tmp.path().join("silt.log"),
             options: DevOptions { object_store: Some(agent.object_store.clone()), ..DevOptions::default() },
+            printed: Default::default(),
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -152,6 +156,7 @@ impl SiltDev {
             url: String::new(),
             log: tmp.path().join("silt.log"),
             options: DevOptions::default(),
+            printed: Default::default(),
             _tmp: Some(tmp),
         };
         dev.spawn();
@@ -185,8 +190,10 @@ impl SiltDev {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         let ready = format!("silt {} listening on ", self.command[0]);
+        let printed = std::sync::Arc::clone(&self.printed);
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                printed.lock().unwrap_or_else(|e| e.into_inner()).push(line.clone());
                 if let Some(rest) = line.strip_prefix(ready.as_str()) {
                     let url = rest.split_whitespace().next().unwrap_or_default().to_string();
                     let _ = tx.send(url);
@@ -202,6 +209,12 @@ impl SiltDev {
         });
         self.url = url;
         self.child = Some(child);
+    }
+
+    /// The lines it printed to stdout so far (`silt dev --agents N` prints each agent's
+    /// address).
+    pub fn printed(&self) -> Vec<String> {
+        self.printed.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The API URL.

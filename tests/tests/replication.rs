@@ -370,7 +370,8 @@ async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
 }
 
 /// One fault at a time on a running cluster, each followed by recovery: how many rounds run
-/// is `SILT_TEST_FAULT_ROUNDS` (default 6: every kind of fault once, the writer killed twice).
+/// is `SILT_TEST_FAULT_ROUNDS` (default 6: every kind of fault once, the writer killed twice);
+/// `SILT_TEST_FAULT` (for example "pause the writer") runs that kind in every round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wiped_disks() {
     let mut cluster = Cluster::start().await;
@@ -399,7 +400,12 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
             "isolate the writer",
             "kill the writer",
         ];
-        let fault = FAULTS[round % FAULTS.len()];
+        // `SILT_TEST_FAULT` runs one kind only, in every round.
+        let only = std::env::var("SILT_TEST_FAULT").ok();
+        let faults: Vec<&str> =
+            FAULTS.iter().copied().filter(|f| only.as_deref().is_none_or(|o| o == *f)).collect();
+        assert!(!faults.is_empty(), "SILT_TEST_FAULT names none of {FAULTS:?}");
+        let fault = faults[round % faults.len()];
         let at = Instant::now();
         match fault {
             "kill the writer" => {
@@ -608,10 +614,19 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
     let topic = client.create_topic("demo", 2, &BTreeMap::new()).await.expect("create topic");
     assert_eq!(topic["config"]["replication.factor"], "3", "three agents: three replicas by default");
     assert_eq!(topic["config"]["min.insync.replicas"], "2");
-    let batch: Vec<OutMessage> = (0..100)
-        .map(|i| OutMessage { partition: Some(i % 2), value: Some(format!("m{i}")), ..OutMessage::default() })
-        .collect();
-    let ids = client.produce("demo", &batch).await.expect("produce");
+    // Two requests: a follower learns that the first one's records are committed with the
+    // second, and serves them from its replica.
+    let mut ids = Vec::new();
+    for half in [0..50, 50..100] {
+        let batch: Vec<OutMessage> = half
+            .map(|i| OutMessage {
+                partition: Some(i % 2),
+                value: Some(format!("m{i}")),
+                ..OutMessage::default()
+            })
+            .collect();
+        ids.extend(client.produce("demo", &batch).await.expect("produce"));
+    }
     assert_eq!(ids.len(), 100);
     let described = client.describe_topic("demo").await.expect("describe");
     for p in described["partitions"].as_array().expect("partitions") {
@@ -623,6 +638,44 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
             open["ensemble"].as_array().expect("ensemble").iter().filter_map(|a| a.as_str()).collect();
         ensemble.sort();
         assert_eq!(ensemble, ["dev", "dev-2", "dev-3"], "{p}");
+    }
+    // A follower serves the open segment's committed records, the same as acknowledged.
+    // Each agent prints where it listens: "silt dev agent dev-2 listening on http://...".
+    let url_of = |agent: &str| {
+        let prefix = if agent == "dev" {
+            "silt dev listening on ".to_string()
+        } else {
+            format!("silt dev agent {agent} listening on ")
+        };
+        dev.printed()
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix).and_then(|r| r.split_whitespace().next()).map(String::from))
+    };
+    wait_for("every agent listening", Duration::from_secs(20), || async {
+        ["dev", "dev-2", "dev-3"].iter().all(|a| url_of(a).is_some()).then_some(())
+    })
+    .await;
+    for part in described["partitions"].as_array().expect("partitions") {
+        let writer = part["writer"].as_str().expect("writer");
+        let p = part["partition"].as_u64().expect("partition") as usize;
+        let segments = part["segments"].as_array().expect("segments");
+        let open = segments.iter().find(|s| s["state"] == "open").expect("open segment");
+        let ensemble = open["ensemble"].as_array().expect("ensemble");
+        for follower in ensemble.iter().filter_map(|a| a.as_str()).filter(|a| *a != writer) {
+            let base = url_of(follower).expect("url");
+            let url = format!("{base}/internal/v1/topics/demo/partitions/{p}/held?from_offset=0&max=1000");
+            let page: serde_json::Value = reqwest::get(&url).await.expect("held").json().await.expect("json");
+            let records = page["records"].as_array().unwrap_or_else(|| panic!("{follower}: {page}"));
+            assert!(
+                records.len() >= 25 && records.len() <= 50,
+                "{follower} serves what is committed: {page}"
+            );
+            for (i, r) in records.iter().enumerate() {
+                let value = B64.decode(r["value"].as_str().expect("value")).expect("base64");
+                assert_eq!(r["offset"], i as u64);
+                assert_eq!(String::from_utf8(value).expect("utf8"), format!("m{}", 2 * i + p), "{follower}");
+            }
+        }
     }
     // Every agent of the process serves it.
     let mut values = Vec::new();
