@@ -1254,8 +1254,12 @@ impl Agent {
         base_offset: u64,
         last_offset: u64,
     ) -> Result<Vec<Record>, ApiError> {
+        // The local copy first; a copy this agent lacks (a wiped disk) or holds only in part is
+        // completed from the other members.
         let mut records = match self.local_reader(topic, partition) {
-            Some(reader) => Self::read_segment_from(reader, base_offset, last_offset).await?,
+            Some(reader) => {
+                Self::read_segment_from(reader, base_offset, last_offset).await.unwrap_or_default()
+            }
             None => Vec::new(),
         };
         // A replica that left the ensemble early holds a shorter copy: the rest is on the

@@ -92,7 +92,9 @@ pub async fn run(config: DevConfig) -> Result<()> {
     })];
     for i in 2..=agents {
         let id = format!("dev-{i}");
-        let port = if addr.port() == 0 { 0 } else { addr.port() + i as u16 - 1 };
+        // Port 0 asked for: every agent gets a free port; else the next ones.
+        let port =
+            if config.listen.port() == 0 { 0 } else { config.listen.port().saturating_add(i as u16 - 1) };
         let (listener, agent_addr) = bind(SocketAddr::new(addr.ip(), port)).await?;
         servers.push(serve(ServeConfig {
             name: format!("silt dev agent {id}"),

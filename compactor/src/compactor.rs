@@ -186,10 +186,16 @@ impl Compactor {
     fn candidates(&self) -> Vec<Candidate> {
         let holder = self.inner.config.holder.as_deref();
         let mut out: Vec<Candidate> = self.inner.metadata.read_local(|s| {
-            // Of the agents holding a segment, the first live one archives it.
+            // Of the agents holding a segment, the first one live on the disk it had when the
+            // segment opened archives it.
             let archiver = |seg: &silt_metadata::state::Segment| {
-                let live = |a: &&String| s.agents.get(*a).is_some_and(|i| i.is_live(s.clock_ms));
-                seg.ensemble.iter().find(live).or(seg.ensemble.first()).cloned()
+                let intact = |(i, a): &(usize, &String)| {
+                    s.agents.get(*a).is_some_and(|info| {
+                        info.is_live(s.clock_ms)
+                            && seg.instances.get(*i).is_none_or(|r| r.is_empty() || *r == info.instance)
+                    })
+                };
+                seg.ensemble.iter().enumerate().find(intact).map(|(_, a)| a).or(seg.ensemble.first()).cloned()
             };
             s.topics
                 .values()

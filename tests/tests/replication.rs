@@ -90,7 +90,8 @@ impl Cluster {
             .enumerate()
             .map(|(i, a)| {
                 let log = a.log();
-                let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                let tail: Vec<&str> =
+                    log.lines().rev().filter(|l| !l.contains("archiving failed")).take(80).collect();
                 // Whether it runs, sleeps or is stopped, and where its threads are.
                 let state = a.pid().map(|pid| {
                     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -275,10 +276,19 @@ async fn check(client: &Client, topic: &str, acked: &BTreeMap<(u32, u64), String
         let mut log: BTreeMap<u64, String> = BTreeMap::new();
         let mut next = 0;
         loop {
-            let page = wait_for("a replay page", Duration::from_secs(30), || async {
-                client.replay(topic, partition, Some(next), None, 1000).await.ok()
-            })
-            .await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let page = loop {
+                match client.replay(topic, partition, Some(next), None, 1000).await {
+                    Ok(page) => break page,
+                    Err(e) if Instant::now() < deadline => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => {
+                        panic!("replay of {topic}/{partition} from {next} through {}: {e}", client.base())
+                    }
+                }
+            };
             if page.messages.is_empty() {
                 break;
             }
@@ -415,6 +425,7 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
                     .or_default()
                     .push(producers.acked_after(partition, at, &cluster).await);
                 cluster.agents[w].restart();
+                cluster.refresh_urls();
             }
             "kill a follower" => {
                 let f = cluster.index_of(&followers[0]);
@@ -424,6 +435,7 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
                     .or_default()
                     .push(producers.acked_after(partition, at, &cluster).await);
                 cluster.agents[f].restart();
+                cluster.refresh_urls();
             }
             "isolate the writer" => {
                 // Cut off from the other agents and metadata: its lease lapses, another agent
@@ -465,6 +477,8 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
                 cluster.agents[w].kill9();
                 cluster.agents[w].wipe_data_dir();
                 cluster.agents[w].restart();
+                // Clients and the proxy in front of it go to its new port at once.
+                cluster.refresh_urls();
                 recoveries
                     .entry(fault)
                     .or_default()
