@@ -32,6 +32,9 @@ pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// How long a failed writer refuses writes before it ends and the agent starts a new one.
 const FAILED_WRITER_RESTART_AFTER: Duration = Duration::from_secs(5);
+/// How long a seal waits for followers that are behind before it leaves them out of the
+/// segment's replicas.
+const SETTLE_AT_SEAL: Duration = Duration::from_secs(2);
 /// Most appends answered by one fsync.
 pub const GROUP_APPENDS_MAX: usize = 1024;
 
@@ -152,6 +155,8 @@ struct SealedSummary {
     size_bytes: u64,
     min_timestamp_ms: Option<i64>,
     max_timestamp_ms: Option<i64>,
+    /// The members holding the whole segment, when a follower left the ensemble midway.
+    replicas: Option<Vec<String>>,
 }
 
 impl SealedSummary {
@@ -162,7 +167,21 @@ impl SealedSummary {
             size_bytes: s.size_bytes(),
             min_timestamp_ms: s.min_timestamp_ms(),
             max_timestamp_ms: s.max_timestamp_ms(),
+            replicas: None,
         }
+    }
+
+    /// With the members of `ensemble` (if any) that hold the whole segment, when some do not
+    /// (a follower left midway, or is still behind: it is given a moment to catch up).
+    async fn held_by(mut self, me: &str, ensemble: Option<&Ensemble>) -> Self {
+        if let Some(e) = ensemble {
+            let end = self.base_offset + self.record_count;
+            let followers = e.settle(end, SETTLE_AT_SEAL).await;
+            if followers.len() + 1 < e.size() {
+                self.replicas = Some(std::iter::once(me.to_string()).chain(followers).collect());
+            }
+        }
+        self
     }
 }
 
@@ -370,6 +389,7 @@ impl PartitionWriter {
                 size_bytes: 0,
                 min_timestamp_ms: None,
                 max_timestamp_ms: None,
+                replicas: None,
             };
             self.metadata.write(self.seal_command(&empty)).await?;
             return Ok(());
@@ -394,6 +414,7 @@ impl PartitionWriter {
             size_bytes: best.size_bytes,
             min_timestamp_ms: best.min_timestamp_ms,
             max_timestamp_ms: best.max_timestamp_ms,
+            replicas: None,
         };
         self.metadata.write(self.seal_command(&summary)).await?;
         info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");
@@ -603,6 +624,7 @@ impl PartitionWriter {
             size_bytes: s.size_bytes,
             min_timestamp_ms: s.min_timestamp_ms,
             max_timestamp_ms: s.max_timestamp_ms,
+            replicas: s.replicas.clone(),
             now_ms: now_ms(),
         }
     }
@@ -820,7 +842,7 @@ impl PartitionWriter {
     /// removed, one with records is sealed on disk and in metadata. The next writer, here or
     /// on another agent, then starts at the partition's end without recovering anything.
     async fn close(&mut self) {
-        self.ensemble = None;
+        let ensemble = self.ensemble.take();
         if self.failed.is_some() {
             return;
         }
@@ -828,7 +850,9 @@ impl PartitionWriter {
             warn!(error = %e, "recording a segment roll in metadata failed at stop; the next writer reconciles it");
             return;
         }
-        let summary = SealedSummary::of(self.log().active());
+        let summary =
+            SealedSummary::of(self.log().active()).held_by(&self.config.agent_id, ensemble.as_ref()).await;
+        drop(ensemble);
         if summary.record_count > 0 {
             if let Err(e) = self.on_log("seal", |log| log.seal_active_on_disk()).await {
                 error!(error = %e, "sealing the active segment at stop failed");
@@ -954,7 +978,9 @@ impl PartitionWriter {
 
     /// Seals the active segment on disk and records the seal and the new segment in metadata.
     async fn roll(&mut self) {
-        let summary = SealedSummary::of(self.log().active());
+        let summary = SealedSummary::of(self.log().active())
+            .held_by(&self.config.agent_id, self.ensemble.as_ref())
+            .await;
         match self.on_log("roll", |log| log.roll()).await {
             Ok(()) => {
                 self.ensemble = None;

@@ -186,6 +186,21 @@ impl Ensemble {
         self.followers.len() + 1
     }
 
+    /// Waits (up to `timeout`) until every follower still in the ensemble has acknowledged
+    /// everything up to `end`, and returns those that have: they hold the whole segment.
+    pub async fn settle(&self, end: u64, timeout: std::time::Duration) -> Vec<String> {
+        let caught_up = |f: &Follower| {
+            !f.state.failed.load(Ordering::Relaxed) && f.state.acked.load(Ordering::Relaxed) >= end
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.followers.iter().any(|f| !f.state.failed.load(Ordering::Relaxed) && !caught_up(f))
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        self.followers.iter().filter(|f| caught_up(f)).map(|f| f.agent.clone()).collect()
+    }
+
     /// Whether a follower left the ensemble (the writer rolls to a new segment).
     pub fn degraded(&self) -> bool {
         self.followers.iter().any(|f| f.state.failed.load(Ordering::Relaxed))

@@ -68,6 +68,7 @@ async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
     .await
     .expect("open");
     m.write(Command::SealSegment {
+        replicas: None,
         topic: "t".into(),
         topic_id: None,
         partition: 0,

@@ -426,6 +426,7 @@ mod tests {
         let b = register(&mut s, "b", 500);
         heartbeat(&mut s, "b", b, 1001);
         let r = s.apply(&Command::SealSegment {
+            replicas: None,
             topic: "t".into(),
             topic_id: None,
             partition: 0,
@@ -480,6 +481,7 @@ mod tests {
         heartbeat.stamp_clock(1_000);
         assert_eq!(heartbeat, Command::AgentHeartbeat { agent: "a".into(), incarnation: 1, now_ms: 1_000 });
         let mut seal = Command::SealSegment {
+            replicas: None,
             topic: "t".into(),
             topic_id: None,
             partition: 0,

@@ -251,6 +251,10 @@ pub enum Command {
     },
     /// Seal the open segment at its final end. An empty segment is removed instead.
     SealSegment {
+        /// The ensemble members that hold the whole segment, if not all of them (a follower
+        /// that left the ensemble midway holds only part of it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replicas: Option<Vec<String>>,
         /// Topic name.
         topic: String,
         /// If set, the command is refused unless the topic has this id.
@@ -601,6 +605,7 @@ impl MetadataState {
                 size_bytes,
                 min_timestamp_ms,
                 max_timestamp_ms,
+                replicas,
                 now_ms,
             } => {
                 self.check_topic_id(topic, *topic_id)?;
@@ -617,6 +622,27 @@ impl MetadataState {
                 if *record_count == 0 {
                     p.segments.remove(base_offset);
                     return Ok(Response::Ok);
+                }
+                if let Some(keep) = replicas {
+                    // The writer names the members that hold the whole segment: a follower
+                    // that left the ensemble midway holds only part of it.
+                    if keep.is_empty() || keep.iter().any(|a| !segment.ensemble.contains(a)) {
+                        return Err(MetadataError::InvalidArgument(format!(
+                            "the replicas of segment {base_offset} must be members of its ensemble {:?}",
+                            segment.ensemble
+                        )));
+                    }
+                    let kept: Vec<(String, String)> = segment
+                        .ensemble
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, a)| keep.contains(a))
+                        .map(|(i, a)| (a.clone(), segment.instances.get(i).cloned().unwrap_or_default()))
+                        .collect();
+                    let had_instances = !segment.instances.is_empty();
+                    segment.ensemble = kept.iter().map(|(a, _)| a.clone()).collect();
+                    segment.instances =
+                        if had_instances { kept.into_iter().map(|(_, i)| i).collect() } else { Vec::new() };
                 }
                 segment.last_offset = Some(base_offset + record_count - 1);
                 segment.state = SegmentState::Sealed;
@@ -1022,6 +1048,7 @@ mod tests {
         assert_eq!(s.apply(&open(Some(s.topics["t"].id))), Response::Ok);
         let before = s.clone();
         let seal = Command::SealSegment {
+            replicas: None,
             topic: "t".into(),
             topic_id: Some(old_id),
             partition: 0,
@@ -1078,6 +1105,48 @@ mod tests {
     }
 
     #[test]
+    fn a_seal_keeps_only_the_replicas_that_hold_the_whole_segment() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        let claim =
+            Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "a".into(), expected_epoch: None };
+        assert_eq!(s.apply(&claim), Response::Epoch { epoch: 1 });
+        let open = Command::OpenSegment {
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch: 1,
+            base_offset: 0,
+            ensemble: vec!["a".into(), "b".into(), "c".into()],
+            instances: vec!["ia".into(), "ib".into(), "ic".into()],
+            now_ms: 5,
+        };
+        assert_eq!(s.apply(&open), Response::Ok);
+        let seal = |replicas: Vec<&str>| Command::SealSegment {
+            replicas: Some(replicas.into_iter().map(String::from).collect()),
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch: 1,
+            base_offset: 0,
+            record_count: 10,
+            size_bytes: 100,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 6,
+        };
+        let before = s.clone();
+        assert!(matches!(s.apply(&seal(vec!["a", "x"])), Response::Error { .. }), "only members");
+        assert!(matches!(s.apply(&seal(vec![])), Response::Error { .. }), "at least one");
+        assert_eq!(s, before, "a refused seal changes nothing");
+        assert_eq!(s.apply(&seal(vec!["a", "c"])), Response::Ok);
+        let seg = &s.topics["t"].partitions[0].segments[&0];
+        assert_eq!(seg.ensemble, ["a", "c"]);
+        assert_eq!(seg.instances, ["ia", "ic"], "instances follow their members");
+        assert_eq!(seg.state, SegmentState::Sealed);
+    }
+
+    #[test]
     fn segments_follow_epochs_and_offsets() {
         let mut s = MetadataState::default();
         create(&mut s, "t", 1);
@@ -1104,6 +1173,7 @@ mod tests {
         };
         let seal = |s: &mut MetadataState, epoch, base, count| {
             s.apply(&Command::SealSegment {
+                replicas: None,
                 topic: "t".into(),
                 topic_id: None,
                 partition: 0,
@@ -1205,6 +1275,7 @@ mod tests {
             assert_eq!(s.apply(&open), Response::Ok);
             if count > 0 {
                 let seal = Command::SealSegment {
+                    replicas: None,
                     topic: "t".into(),
                     topic_id: None,
                     partition: 0,
