@@ -387,31 +387,47 @@ async fn peer_read_held(
     Ok(Json(WirePage { records, next_offset, high_watermark }))
 }
 
+/// The query of every replication request: the segment it is about, and what one kind of
+/// request adds. (`#[serde(flatten)]` would read the numbers as strings from a query.)
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReplicaAppendParams {
+struct ReplicaQuery {
     topic_id: u64,
     epoch: u64,
     segment: u64,
     segment_epoch: u64,
+    /// Appends: the writer's committed end before these batches.
     committed: Option<u64>,
+    /// Batch reads: where to start.
+    from: Option<u64>,
+    /// Repairs: the agent to copy from.
+    source: Option<String>,
+}
+
+impl ReplicaQuery {
+    fn target(&self) -> ReplicaTarget {
+        ReplicaTarget {
+            topic_id: self.topic_id,
+            epoch: self.epoch,
+            segment: self.segment,
+            segment_epoch: self.segment_epoch,
+        }
+    }
+}
+
+fn required<T>(value: Option<T>, name: &str) -> ApiResult<T> {
+    value.ok_or_else(|| ApiError::bad_request("invalid_query", format!("the query needs '{name}'")))
 }
 
 /// A writer streams batches to a follower's replica.
 async fn replica_append(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaAppendParams>, QueryRejection>,
+    params: Result<Query<ReplicaQuery>, QueryRejection>,
     body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
     let p = query(params)?;
-    let target = ReplicaTarget {
-        topic_id: p.topic_id,
-        epoch: p.epoch,
-        segment: p.segment,
-        segment_epoch: p.segment_epoch,
-    };
-    let end = agent.replica_append(&topic, partition, target, p.committed, body).await?;
+    let end = agent.replica_append(&topic, partition, p.target(), p.committed, body).await?;
     Ok(Json(serde_json::json!({ "end_offset": end })))
 }
 
@@ -419,47 +435,22 @@ async fn replica_append(
 async fn replica_fence(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
-    target: Result<Query<ReplicaTarget>, QueryRejection>,
+    params: Result<Query<ReplicaQuery>, QueryRejection>,
 ) -> ApiResult<Json<crate::replica::HeldSegment>> {
-    let target = query(target)?;
-    Ok(Json(agent.replica_fence(&topic, partition, target).await?))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplicaBatchesParams {
-    topic_id: u64,
-    epoch: u64,
-    segment: u64,
-    segment_epoch: u64,
-    from: u64,
+    let p = query(params)?;
+    Ok(Json(agent.replica_fence(&topic, partition, p.target()).await?))
 }
 
 /// A recovering writer copies a segment's tail from a replica: whole batches as stored.
 async fn replica_batches(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaBatchesParams>, QueryRejection>,
+    params: Result<Query<ReplicaQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let p = query(params)?;
-    let target = ReplicaTarget {
-        topic_id: p.topic_id,
-        epoch: p.epoch,
-        segment: p.segment,
-        segment_epoch: p.segment_epoch,
-    };
-    let body = agent.replica_batches(&topic, partition, target, p.from).await?;
+    let from = required(p.from, "from")?;
+    let body = agent.replica_batches(&topic, partition, p.target(), from).await?;
     Ok(([(header::CONTENT_TYPE, "application/vnd.kafka.record-batch.v2")], body).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplicaRepairParams {
-    topic_id: u64,
-    epoch: u64,
-    segment: u64,
-    segment_epoch: u64,
-    source: String,
 }
 
 /// Ensemble repair: this agent is to hold a new replica of a sealed segment, copied from
@@ -467,16 +458,11 @@ struct ReplicaRepairParams {
 async fn replica_repair(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaRepairParams>, QueryRejection>,
+    params: Result<Query<ReplicaQuery>, QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let p = query(params)?;
-    let target = ReplicaTarget {
-        topic_id: p.topic_id,
-        epoch: p.epoch,
-        segment: p.segment,
-        segment_epoch: p.segment_epoch,
-    };
-    agent.replica_repair(&topic, partition, target, &p.source).await?;
+    let source = required(p.source.clone(), "source")?;
+    agent.replica_repair(&topic, partition, p.target(), &source).await?;
     Ok(Json(serde_json::json!({ "copied": true })))
 }
 
