@@ -1061,9 +1061,7 @@ impl Agent {
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
                 let bytes =
                     builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
-                let batch = RecordBatch::parse(bytes).map_err(|e| {
-                    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-                })?;
+                let batch = RecordBatch::parse(bytes).map_err(|e| ApiError::internal(e.to_string()))?;
                 let (target, in_order) = (Arc::clone(&target), Arc::clone(&in_order));
                 let (peers, this) = (&self.inner.peers, self);
                 appends.push(async move {
@@ -1172,9 +1170,7 @@ impl Agent {
                 let peer = remote.peer().unwrap_or_default();
                 self.count_forwarded("read");
                 let page = self.inner.peers.read(peer, topic, partition, offset, max_records).await?;
-                let records: Result<Vec<Record>, ApiError> =
-                    page.records.into_iter().map(|r| r.into_delivered().map(|d| d.record)).collect();
-                return Ok((records?, page.next_offset, page.high_watermark));
+                return Ok((page.records, page.next_offset, page.high_watermark));
             }
         };
         let max_records = max_records.max(1);
@@ -1707,9 +1703,7 @@ impl Agent {
             };
             self.count_forwarded("read");
             match self.inner.peers.read_held((agent, &addr), topic, partition, offset, max_records).await {
-                Ok(page) => {
-                    return page.records.into_iter().map(|r| r.into_delivered().map(|d| d.record)).collect();
-                }
+                Ok(page) => return Ok(page.records),
                 Err(e) => last = e,
             }
         }

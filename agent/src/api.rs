@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -18,7 +18,10 @@ use silt_record::{Header, MessageId, Record};
 
 use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
 use crate::error::ApiError;
-use crate::peer::{CollectRequest, ReplicaTarget, WirePage, WireRecord, FORWARDED_HEADER};
+use crate::peer::{
+    CollectRequest, RecordPage, ReplicaTarget, WireRecord, FORWARDED_HEADER, HIGH_WATERMARK_HEADER,
+    NEXT_OFFSET_HEADER, RECORD_BATCHES_TYPE,
+};
 
 /// Largest request body the API reads.
 pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
@@ -33,14 +36,13 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/topics", post(create_topic).get(list_topics))
         .route("/v1/topics/{topic}", get(describe_topic).delete(delete_topic))
         .route("/v1/topics/{topic}/messages", post(produce))
-        .route("/v1/topics/{topic}/partitions/{partition}/batches", post(produce_batch))
+        .route("/v1/topics/{topic}/partitions/{partition}/batches", post(produce_batch).get(replay_batches))
         .route("/v1/topics/{topic}/partitions/{partition}/messages", get(replay))
         .route("/v1/topics/{topic}/poll", post(poll))
         .route("/v1/topics/{topic}/archive", get(archive_list))
         .route("/v1/groups/{group}", get(describe_group))
         .route("/v1/groups/{group}/ack", post(ack))
         .route("/v1/groups/{group}/leave", post(leave))
-        .route("/internal/v1/topics/{topic}/partitions/{partition}/records", get(peer_read))
         .route("/internal/v1/topics/{topic}/partitions/{partition}/offset", get(peer_offset_for_time))
         .route("/internal/v1/topics/{topic}/partitions/{partition}/held", get(peer_read_held))
         .route("/internal/v1/topics/{topic}/collect", post(peer_collect))
@@ -327,11 +329,14 @@ fn replay_default_max() -> usize {
     1000
 }
 
-async fn replay(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
+/// What a replay asks for, checked; the records from there.
+async fn replay_page(
+    agent: &Agent,
+    topic: &str,
+    partition: u32,
     params: Result<Query<ReplayParams>, QueryRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+    forwarded: bool,
+) -> ApiResult<RecordPage> {
     let p = query(params)?;
     if p.max == 0 || p.max > REPLAY_MAX {
         return Err(ApiError::bad_request(
@@ -344,13 +349,52 @@ async fn replay(
             return Err(ApiError::bad_request("invalid_query", "give from_offset or from_time, not both"));
         }
         (Some(o), None) => o,
-        (None, Some(t)) => agent.offset_for_time(&topic, partition, t, false).await?,
+        (None, Some(t)) => agent.offset_for_time(topic, partition, t, forwarded).await?,
         (None, None) => 0,
     };
-    let (records, next, hwm) = agent.read(&topic, partition, from, p.max, false).await?;
+    let (records, next_offset, high_watermark) = agent.read(topic, partition, from, p.max, forwarded).await?;
+    Ok(RecordPage { records, next_offset, high_watermark })
+}
+
+async fn replay(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<ReplayParams>, QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let page = replay_page(&agent, &topic, partition, params, false).await?;
     let messages: Vec<MessageOut> =
-        records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
-    Ok(Json(serde_json::json!({ "messages": messages, "next_offset": next, "high_watermark": hwm })))
+        page.records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
+    Ok(Json(serde_json::json!({
+        "messages": messages,
+        "next_offset": page.next_offset,
+        "high_watermark": page.high_watermark,
+    })))
+}
+
+/// A replay answered as record batches (what the JSON replay holds, without the JSON).
+/// Other agents read partitions this agent writes through it too.
+async fn replay_batches(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    headers: axum::http::HeaderMap,
+    params: Result<Query<ReplayParams>, QueryRejection>,
+) -> ApiResult<Response> {
+    let page = replay_page(&agent, &topic, partition, params, forwarded(&headers)).await?;
+    batches_response(&page)
+}
+
+/// A [`RecordPage`] as an answer: the batches, with where the page ends in headers.
+fn batches_response(page: &RecordPage) -> ApiResult<Response> {
+    let body = page.encode_body()?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, RECORD_BATCHES_TYPE.to_string()),
+            (HeaderName::from_static(NEXT_OFFSET_HEADER), page.next_offset.to_string()),
+            (HeaderName::from_static(HIGH_WATERMARK_HEADER), page.high_watermark.to_string()),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 #[derive(Deserialize)]
@@ -360,31 +404,17 @@ struct PeerReadParams {
     max: usize,
 }
 
-/// Another agent reads a partition this agent writes.
-async fn peer_read(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<PeerReadParams>, QueryRejection>,
-) -> ApiResult<Json<WirePage>> {
-    let p = query(params)?;
-    let (records, next_offset, high_watermark) =
-        agent.read(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX), true).await?;
-    let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
-    Ok(Json(WirePage { records, next_offset, high_watermark }))
-}
-
 /// Another agent (or the compactor) reads what this agent holds locally of a partition,
 /// whether or not it writes it.
 async fn peer_read_held(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
     params: Result<Query<PeerReadParams>, QueryRejection>,
-) -> ApiResult<Json<WirePage>> {
+) -> ApiResult<Response> {
     let p = query(params)?;
     let (records, next_offset, high_watermark) =
         agent.read_held(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX)).await?;
-    let records = records.iter().map(|r| WireRecord::new(partition, r, 0)).collect();
-    Ok(Json(WirePage { records, next_offset, high_watermark }))
+    batches_response(&RecordPage { records, next_offset, high_watermark })
 }
 
 /// The query of every replication request: the segment it is about, and what one kind of
@@ -450,7 +480,7 @@ async fn replica_batches(
     let p = query(params)?;
     let from = required(p.from, "from")?;
     let body = agent.replica_batches(&topic, partition, p.target(), from).await?;
-    Ok(([(header::CONTENT_TYPE, "application/vnd.kafka.record-batch.v2")], body).into_response())
+    Ok(([(header::CONTENT_TYPE, RECORD_BATCHES_TYPE)], body).into_response())
 }
 
 /// Ensemble repair: this agent is to hold a new replica of a sealed segment, copied from

@@ -3,8 +3,9 @@
 //!
 //! Forwarded requests carry [`FORWARDED_HEADER`]; an agent never forwards such a request again
 //! (if it is not the writer either, the client gets `not_writer`), so a stale view of
-//! metadata can cause an error but never a loop. Records travel as JSON with base64 bytes
-//! ([`WireRecord`]); appends travel as the RecordBatch v2 bytes they are stored as.
+//! metadata can cause an error but never a loop. Appends and reads travel as RecordBatch v2
+//! bytes ([`RecordPage`] for reads, with the page's end in headers); deliveries to a group
+//! member travel as JSON with base64 bytes ([`WireRecord`]).
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silt_metadata::state::GroupMode;
-use silt_record::{Header, Record};
+use silt_record::{encode_records, split_batches, Header, Record};
 
 use crate::agent::Delivered;
 use crate::error::ApiError;
@@ -29,6 +30,14 @@ pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REPAIR_TIMEOUT: Duration = Duration::from_secs(120);
 /// Most bytes one read of a replica's batches returns (recovery copies tails in such steps).
 pub const REPLICA_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// The media type of RecordBatch v2 bytes laid end to end (produce and read bodies).
+pub const RECORD_BATCHES_TYPE: &str = "application/vnd.kafka.record-batch.v2";
+/// On a read answered with record batches: where the next read starts.
+pub const NEXT_OFFSET_HEADER: &str = "x-silt-next-offset";
+/// On a read answered with record batches: the partition's end when read.
+pub const HIGH_WATERMARK_HEADER: &str = "x-silt-high-watermark";
+/// Largest batch a read answer packs records into.
+const READ_BATCH_BYTES: usize = 1024 * 1024;
 
 /// Which segment of which partition a replica request is about, and from which writer epoch.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -105,15 +114,41 @@ impl WireRecord {
     }
 }
 
-/// Records read from a partition on another agent.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WirePage {
-    /// The records.
-    pub records: Vec<WireRecord>,
+/// A page of records read from a partition, as a read answers it: the records as batches laid
+/// end to end in the body, [`NEXT_OFFSET_HEADER`] and [`HIGH_WATERMARK_HEADER`] beside them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordPage {
+    /// The records, in offset order.
+    pub records: Vec<Record>,
     /// Where the next read starts.
     pub next_offset: u64,
     /// The partition's end when read.
     pub high_watermark: u64,
+}
+
+impl RecordPage {
+    /// The body of the answer.
+    pub fn encode_body(&self) -> Result<Bytes, ApiError> {
+        encode_records(&self.records, READ_BATCH_BYTES)
+            .map_err(|e| ApiError::internal(format!("encoding records read: {e}")))
+    }
+
+    /// Reads an answer back; the error says what was wrong with it.
+    pub fn decode(headers: &reqwest::header::HeaderMap, body: Bytes) -> Result<RecordPage, String> {
+        let number = |name: &str| -> Result<u64, String> {
+            let value = headers.get(name).ok_or_else(|| format!("the answer has no {name} header"))?;
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("the answer's {name} header is not a number: {value:?}"))
+        };
+        let (next_offset, high_watermark) = (number(NEXT_OFFSET_HEADER)?, number(HIGH_WATERMARK_HEADER)?);
+        let batches =
+            split_batches(body).map_err(|e| format!("the answer's records are not whole batches: {e}"))?;
+        let records = batches.iter().flat_map(silt_record::RecordBatch::records).collect();
+        Ok(RecordPage { records, next_offset, high_watermark })
+    }
 }
 
 /// What a front agent asks a partition's writer to deliver to a group member.
@@ -211,18 +246,30 @@ impl Peers {
         request: reqwest::RequestBuilder,
         timeout: Duration,
     ) -> Result<T, ApiError> {
+        let (_, body) = self.send_raw(agent, addr, request, timeout).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::unavailable(format!("agent '{agent}' at {addr} answered nonsense: {e}")))
+    }
+
+    /// Sends a request; a success's headers and body, or the error the agent answered.
+    async fn send_raw(
+        &self,
+        agent: &str,
+        addr: &str,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<(reqwest::header::HeaderMap, Bytes), ApiError> {
         let reply =
             request.header(FORWARDED_HEADER, &self.me).timeout(timeout).send().await.map_err(|e| {
                 ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}"))
             })?;
         let status = reply.status();
+        let headers = reply.headers().clone();
         let body = reply.bytes().await.map_err(|e| {
             ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
         })?;
         if status.is_success() {
-            return serde_json::from_slice(&body).map_err(|e| {
-                ApiError::unavailable(format!("agent '{agent}' at {addr} answered nonsense: {e}"))
-            });
+            return Ok((headers, body));
         }
         match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(ErrorBody { error }) => {
@@ -256,13 +303,14 @@ impl Peers {
         let request = self
             .http
             .post(Self::url(addr, &format!("/v1/topics/{topic}/partitions/{partition}/batches")))
-            .header("content-type", "application/vnd.kafka.record-batch.v2")
+            .header("content-type", RECORD_BATCHES_TYPE)
             .body(batch);
         let r: Range = self.send(agent, addr, request, Duration::ZERO).await?;
         Ok((r.base_offset, r.last_offset))
     }
 
-    /// Reads records of a partition from its writer (which reads the archive too).
+    /// Reads records of a partition from its writer (which reads the archive too), as a
+    /// replay through the writer would.
     pub async fn read(
         &self,
         agent: (&str, &str),
@@ -270,9 +318,8 @@ impl Peers {
         partition: u32,
         offset: u64,
         max: usize,
-    ) -> Result<WirePage, ApiError> {
-        self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/records"), offset, max)
-            .await
+    ) -> Result<RecordPage, ApiError> {
+        self.page(agent, &format!("/v1/topics/{topic}/partitions/{partition}/batches"), offset, max).await
     }
 
     /// Reads records an agent holds in its local log of a partition, whether or not it writes
@@ -284,7 +331,7 @@ impl Peers {
         partition: u32,
         offset: u64,
         max: usize,
-    ) -> Result<WirePage, ApiError> {
+    ) -> Result<RecordPage, ApiError> {
         self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held"), offset, max)
             .await
     }
@@ -295,12 +342,14 @@ impl Peers {
         path: &str,
         offset: u64,
         max: usize,
-    ) -> Result<WirePage, ApiError> {
+    ) -> Result<RecordPage, ApiError> {
         let request = self
             .http
             .get(Self::url(addr, path))
             .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
-        self.send(agent, addr, request, Duration::ZERO).await
+        let (headers, body) = self.send_raw(agent, addr, request, PEER_TIMEOUT).await?;
+        RecordPage::decode(&headers, body)
+            .map_err(|e| ApiError::unavailable(format!("agent '{agent}' at {addr} answered a bad read: {e}")))
     }
 
     /// Appends a writer's batches to a follower's replica; returns the end it holds.
@@ -326,7 +375,7 @@ impl Peers {
         if let Some(c) = committed {
             request = request.query(&[("committed", c)]);
         }
-        let request = request.header("content-type", "application/vnd.kafka.record-batch.v2").body(batches);
+        let request = request.header("content-type", RECORD_BATCHES_TYPE).body(batches);
         let e: End = self.send_within(agent, addr, request, REPLICA_TIMEOUT).await?;
         Ok(e.end_offset)
     }
@@ -360,23 +409,8 @@ impl Peers {
             .http
             .get(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/batches")))
             .query(target)
-            .query(&[("from", from)])
-            .timeout(REPLICA_TIMEOUT)
-            .header(FORWARDED_HEADER, &self.me);
-        let reply = request
-            .send()
-            .await
-            .map_err(|e| ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}")))?;
-        let status = reply.status();
-        let body = reply.bytes().await.map_err(|e| {
-            ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
-        })?;
-        if !status.is_success() {
-            return Err(ApiError::unavailable(format!(
-                "agent '{agent}' at {addr} answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            )));
-        }
+            .query(&[("from", from)]);
+        let (_, body) = self.send_raw(agent, addr, request, REPLICA_TIMEOUT).await?;
         Ok(body)
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silt_metadata::state::{Partition, SegmentState};
-use silt_record::{peek_batch_len, RecordBatch};
+use silt_record::RecordBatch;
 use tracing::warn;
 
 use crate::error::StoreError;
@@ -123,17 +123,9 @@ pub fn trim_to_metadata(log: &mut PartitionLog, part: &Partition) -> Result<usiz
 }
 
 /// Splits a body of RecordBatch v2 batches laid end to end.
-pub fn split_batches(mut body: Bytes) -> Result<Vec<RecordBatch>, StoreError> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        let len = peek_batch_len(&body)
-            .filter(|l| *l <= body.len())
-            .ok_or_else(|| StoreError::Diverged("a replicated body ends inside a batch".into()))?;
-        let batch = RecordBatch::parse(body.split_to(len))
-            .map_err(|e| StoreError::Diverged(format!("a replicated batch is invalid: {e}")))?;
-        out.push(batch);
-    }
-    Ok(out)
+pub fn split_batches(body: Bytes) -> Result<Vec<RecordBatch>, StoreError> {
+    silt_record::split_batches(body)
+        .map_err(|e| StoreError::Diverged(format!("a replicated body is not whole batches: {e}")))
 }
 
 /// Lays batches end to end, as [`split_batches`] reads them.

@@ -1,6 +1,6 @@
 //! The `replay` workload on Silt: write a volume, wait until the compactor has archived all of
 //! it as Parquet and the agent has dropped its local copies, then read it all back through the
-//! replay API (one reader per partition) and, next to it, GET the same objects from the same
+//! binary replay API (`GET .../batches`, one reader per partition) and, next to it, GET the same objects from the same
 //! store with a plain program.
 
 use std::path::Path;
@@ -234,11 +234,11 @@ async fn read_partition(
     let mut n = 0u64;
     let mut bytes = 0u64;
     loop {
-        let p = client.replay(topic, partition, Some(from), None, page).await?;
-        n += p.messages.len() as u64;
-        bytes += p.messages.iter().map(|m| m.value.as_ref().map_or(0, |v| v.len() as u64)).sum::<u64>();
+        let p = client.read_batches(topic, partition, Some(from), None, page).await?;
+        n += p.records.len() as u64;
+        bytes += p.records.iter().map(|r| r.value.as_ref().map_or(0, |v| v.len() as u64)).sum::<u64>();
         from = p.next_offset;
-        if p.messages.is_empty() || from >= p.high_watermark {
+        if p.records.is_empty() || from >= p.high_watermark {
             return Ok((n, bytes));
         }
     }

@@ -334,7 +334,7 @@ impl Report {
             let _ = writeln!(
                 s,
                 "{} messages ({} MiB of values) written, archived as {} Parquet objects, local copies dropped, \
-                 then replayed through the replay API, one reader per partition. Written in {:.1} s, all \
+                 then replayed through the binary replay API (`GET .../batches`), one reader per partition. Written in {:.1} s, all \
                  archived {:.1} s after the first write. The cold reader fetched {:.2}× the object bytes \
                  from the bucket while replaying (1 means every byte came from the bucket).\n",
                 r.messages,

@@ -109,13 +109,12 @@ impl AgentsOverHttp {
             if page.records.is_empty() {
                 break;
             }
-            for r in page.records {
-                let d = r.into_delivered().map_err(|e| e.to_string())?;
-                if d.record.offset > last_offset {
+            for record in page.records {
+                if record.offset > last_offset {
                     return Ok(records);
                 }
-                next = d.record.offset + 1;
-                records.push(d.record);
+                next = record.offset + 1;
+                records.push(record);
             }
         }
         Ok(records)

@@ -3,7 +3,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::RecordError;
-use crate::record::NewRecord;
+use crate::record::{Header, NewRecord, Record};
 use crate::record_batch::{ATTRIBUTES_AT, BATCH_HEADER_BYTES, CRC_AT, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES};
 use crate::varint;
 
@@ -83,14 +83,94 @@ impl BatchBuilder {
 /// [`RecordError::BatchTooLarge`] if the batch would exceed
 /// [`MAX_BATCH_BYTES`].
 pub fn encode_batch(records: &[NewRecord]) -> Result<Bytes, RecordError> {
+    let mut buf = BytesMut::new();
+    encode(&mut buf, 0, records)?;
+    Ok(buf.freeze())
+}
+
+/// Encodes stored records (with their offsets and timestamps) as batches laid end to end, what
+/// a reader gets back from a partition: a new batch starts wherever offsets jump (records
+/// deleted in between) and wherever the current one would pass `max_batch_bytes` (a single
+/// record larger than that gets a batch of its own). Each batch's base offset is its first
+/// record's offset; the partition leader epoch is -1.
+///
+/// # Errors
+///
+/// [`RecordError::Corrupt`] if the offsets do not increase, and
+/// [`RecordError::BatchTooLarge`] if one record cannot be encoded at all.
+pub fn encode_records(records: &[Record], max_batch_bytes: usize) -> Result<Bytes, RecordError> {
+    let mut buf = BytesMut::new();
+    let mut start = 0;
+    while start < records.len() {
+        let first = &records[start];
+        let mut size = BATCH_HEADER_BYTES;
+        let mut end = start;
+        while end < records.len() {
+            let r = &records[end];
+            if end > start && r.offset != records[end - 1].offset.wrapping_add(1) {
+                if r.offset <= records[end - 1].offset {
+                    return Err(RecordError::Corrupt(format!(
+                        "offsets must increase, but {} follows {}",
+                        r.offset,
+                        records[end - 1].offset
+                    )));
+                }
+                break;
+            }
+            let grown = size.saturating_add(
+                record_size(r, r.timestamp_ms.wrapping_sub(first.timestamp_ms), end - start).total,
+            );
+            if end > start && grown > max_batch_bytes {
+                break;
+            }
+            size = grown;
+            end += 1;
+        }
+        encode(&mut buf, first.offset, &records[start..end])?;
+        start = end;
+    }
+    Ok(buf.freeze())
+}
+
+/// What the encoder reads of a record: [`NewRecord`]s and stored [`Record`]s alike.
+trait Fields {
+    fn timestamp_ms(&self) -> i64;
+    fn key(&self) -> Option<&[u8]>;
+    fn value(&self) -> Option<&[u8]>;
+    fn headers(&self) -> &[Header];
+}
+
+/// Both record types hold the fields under the same names.
+macro_rules! impl_fields {
+    ($($t:ty),*) => {$(
+        impl Fields for $t {
+            fn timestamp_ms(&self) -> i64 {
+                self.timestamp_ms
+            }
+            fn key(&self) -> Option<&[u8]> {
+                self.key.as_deref()
+            }
+            fn value(&self) -> Option<&[u8]> {
+                self.value.as_deref()
+            }
+            fn headers(&self) -> &[Header] {
+                &self.headers
+            }
+        }
+    )*};
+}
+impl_fields!(NewRecord, Record);
+
+/// Appends one batch of `records` to `buf`, with offset deltas `0..n` from `base_offset`.
+fn encode(buf: &mut BytesMut, base_offset: u64, records: &[impl Fields]) -> Result<(), RecordError> {
     let first = records.first().ok_or(RecordError::EmptyBatch)?;
-    let base_timestamp = first.timestamp_ms;
-    let max_timestamp = records.iter().map(|r| r.timestamp_ms).max().unwrap_or(base_timestamp);
+    let base_timestamp = first.timestamp_ms();
+    let max_timestamp = records.iter().map(Fields::timestamp_ms).max().unwrap_or(base_timestamp);
 
     let sizes: Vec<RecordSize> = records
         .iter()
         .enumerate()
-        .map(|(i, r)| record_size(r, r.timestamp_ms.wrapping_sub(base_timestamp), i))
+        .map(|(i, r)| record_size(r, r.timestamp_ms().wrapping_sub(base_timestamp), i))
         .collect();
     let total = sizes.iter().fold(BATCH_HEADER_BYTES, |acc, s| acc.saturating_add(s.total));
     let too_large = RecordError::BatchTooLarge { size: total, max: MAX_BATCH_BYTES };
@@ -100,10 +180,15 @@ pub fn encode_batch(records: &[NewRecord]) -> Result<Bytes, RecordError> {
     // Every length below is at most `batch_length`, so every conversion to
     // i32 succeeds once this one has.
     let batch_length = i32::try_from(total - LOG_OVERHEAD).map_err(|_| too_large.clone())?;
-    let count = i32::try_from(records.len()).map_err(|_| too_large)?;
+    let count = i32::try_from(records.len()).map_err(|_| too_large.clone())?;
+    let base_offset = i64::try_from(base_offset)
+        .ok()
+        .filter(|b| b.checked_add(i64::from(count - 1)).is_some())
+        .ok_or_else(|| RecordError::Corrupt(format!("base offset {base_offset} is out of range")))?;
 
-    let mut buf = BytesMut::with_capacity(total);
-    buf.put_i64(0); // baseOffset
+    let start = buf.len();
+    buf.reserve(total);
+    buf.put_i64(base_offset);
     buf.put_i32(batch_length);
     buf.put_i32(-1); // partitionLeaderEpoch
     buf.put_i8(MAGIC);
@@ -118,24 +203,24 @@ pub fn encode_batch(records: &[NewRecord]) -> Result<Bytes, RecordError> {
     buf.put_i32(count);
 
     for ((offset_delta, record), size) in records.iter().enumerate().zip(&sizes) {
-        put_len(&mut buf, size.body);
+        put_len(buf, size.body);
         buf.put_i8(0); // record attributes, unused
-        varint::put_varlong(&mut buf, record.timestamp_ms.wrapping_sub(base_timestamp));
-        put_len(&mut buf, offset_delta);
-        put_nullable(&mut buf, record.key.as_deref());
-        put_nullable(&mut buf, record.value.as_deref());
-        put_len(&mut buf, record.headers.len());
-        for header in &record.headers {
-            put_len(&mut buf, header.key.len());
+        varint::put_varlong(buf, record.timestamp_ms().wrapping_sub(base_timestamp));
+        put_len(buf, offset_delta);
+        put_nullable(buf, record.key());
+        put_nullable(buf, record.value());
+        put_len(buf, record.headers().len());
+        for header in record.headers() {
+            put_len(buf, header.key.len());
             buf.put_slice(header.key.as_bytes());
-            put_nullable(&mut buf, header.value.as_deref());
+            put_nullable(buf, header.value.as_deref());
         }
     }
-    debug_assert_eq!(buf.len(), total, "record size computation is off");
+    debug_assert_eq!(buf.len() - start, total, "record size computation is off");
 
-    let crc = crc32c::crc32c(&buf[ATTRIBUTES_AT..]);
-    buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
-    Ok(buf.freeze())
+    let crc = crc32c::crc32c(&buf[start + ATTRIBUTES_AT..]);
+    buf[start + CRC_AT..start + CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
 }
 
 /// Encoded size of one record.
@@ -149,15 +234,15 @@ struct RecordSize {
 
 /// Computes a record's encoded size without overflowing, whatever the input;
 /// sizes that cannot be encoded come out larger than [`MAX_BATCH_BYTES`].
-fn record_size(record: &NewRecord, timestamp_delta: i64, offset_delta: usize) -> RecordSize {
+fn record_size(record: &impl Fields, timestamp_delta: i64, offset_delta: usize) -> RecordSize {
     let mut body = 1 // attributes
         + varint::varlong_len(timestamp_delta)
         + len_prefix_size(offset_delta);
     body = body
-        .saturating_add(nullable_size(record.key.as_deref()))
-        .saturating_add(nullable_size(record.value.as_deref()))
-        .saturating_add(len_prefix_size(record.headers.len()));
-    for header in &record.headers {
+        .saturating_add(nullable_size(record.key()))
+        .saturating_add(nullable_size(record.value()))
+        .saturating_add(len_prefix_size(record.headers().len()));
+    for header in record.headers() {
         body = body
             .saturating_add(len_prefix_size(header.key.len()))
             .saturating_add(header.key.len())
@@ -192,5 +277,74 @@ fn put_nullable(buf: &mut BytesMut, bytes: Option<&[u8]>) {
             put_len(buf, b.len());
             buf.put_slice(b);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record_batch::{split_batches, RecordBatch};
+
+    fn stored(offset: u64, value: &str) -> Record {
+        Record {
+            offset,
+            timestamp_ms: 1_700_000_000_000 + (offset as i64 % 7) * 3 - 9,
+            key: offset.is_multiple_of(2).then(|| Bytes::from(format!("k{offset}"))),
+            value: Some(Bytes::from(value.to_string())),
+            headers: vec![Header {
+                key: "h".into(),
+                value: offset.is_multiple_of(3).then(|| Bytes::from_static(b"v")),
+            }],
+        }
+    }
+
+    fn read_back(bytes: Bytes) -> (Vec<u64>, Vec<Record>) {
+        let batches = split_batches(bytes).unwrap();
+        let bases = batches.iter().map(RecordBatch::base_offset).collect();
+        (bases, batches.iter().flat_map(RecordBatch::records).collect())
+    }
+
+    #[test]
+    fn stored_records_come_back_whole_with_their_offsets() {
+        let records: Vec<Record> = (40..60).map(|o| stored(o, &"x".repeat(o as usize))).collect();
+        let (bases, back) = read_back(encode_records(&records, MAX_BATCH_BYTES).unwrap());
+        assert_eq!(bases, vec![40]);
+        assert_eq!(back, records);
+    }
+
+    #[test]
+    fn a_gap_in_offsets_or_the_size_cap_starts_a_new_batch() {
+        let mut records: Vec<Record> = (0..5).map(|o| stored(o, "aaaa")).collect();
+        records.extend((100..104).map(|o| stored(o, "bbbb")));
+        let (bases, back) = read_back(encode_records(&records, MAX_BATCH_BYTES).unwrap());
+        assert_eq!(bases, vec![0, 100]);
+        assert_eq!(back, records);
+
+        // Three records of 1,000 bytes fit in no batch of 1,500: one batch each.
+        let big: Vec<Record> = (7..10).map(|o| stored(o, &"z".repeat(1000))).collect();
+        let (bases, back) = read_back(encode_records(&big, 1500).unwrap());
+        assert_eq!(bases, vec![7, 8, 9]);
+        assert_eq!(back, big);
+        let (bases, _) = read_back(encode_records(&big, 2500).unwrap());
+        assert_eq!(bases, vec![7, 9]);
+    }
+
+    #[test]
+    fn offsets_that_do_not_increase_are_refused_and_nothing_is_empty() {
+        let records = vec![stored(5, "a"), stored(5, "b")];
+        assert!(matches!(encode_records(&records, MAX_BATCH_BYTES), Err(RecordError::Corrupt(_))));
+        assert!(encode_records(&[], MAX_BATCH_BYTES).unwrap().is_empty());
+    }
+
+    #[test]
+    fn split_batches_names_a_cut_off_end() {
+        let records: Vec<Record> = (0..3).map(|o| stored(o, "abc")).collect();
+        let bytes = encode_records(&records, MAX_BATCH_BYTES).unwrap();
+        let cut = bytes.slice(..bytes.len() - 1);
+        assert!(matches!(split_batches(cut), Err(RecordError::Truncated { .. })));
+        assert!(matches!(
+            split_batches(bytes.slice(..5)),
+            Err(RecordError::Truncated { needed: 12, available: 5 })
+        ));
     }
 }

@@ -7,7 +7,8 @@
 //!   [`RecordBatch::parse`] validates it completely (header, CRC-32C and every
 //!   record), and [`set_base_offset`], [`set_partition_leader_epoch`],
 //!   [`peek_batch_len`] and [`peek_base_offset`] let the log writer and
-//!   segment recovery work on raw bytes;
+//!   segment recovery work on raw bytes; [`encode_records`] and
+//!   [`split_batches`] carry stored records to readers as batches laid end to end;
 //! - the zigzag [`varint`] encoding the format uses;
 //! - **ids**: [`MessageId`] (`topic/partition/offset`) and topic-name rules
 //!   ([`validate_topic_name`]);
@@ -26,13 +27,13 @@ mod record_batch;
 mod topic_name;
 pub mod varint;
 
-pub use batch_builder::{encode_batch, BatchBuilder};
+pub use batch_builder::{encode_batch, encode_records, BatchBuilder};
 pub use error::RecordError;
 pub use message_id::{MessageId, MessageIdError};
 pub use partitioner::{murmur2, partition_for_key};
 pub use record::{Header, NewRecord, Record};
 pub use record_batch::{
-    peek_base_offset, peek_batch_len, set_base_offset, set_partition_leader_epoch, RecordBatch, Records,
-    BATCH_HEADER_BYTES, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES,
+    peek_base_offset, peek_batch_len, set_base_offset, set_partition_leader_epoch, split_batches,
+    RecordBatch, Records, BATCH_HEADER_BYTES, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES,
 };
 pub use topic_name::{validate_topic_name, TopicNameError, MAX_TOPIC_NAME_LEN};

@@ -135,6 +135,30 @@ pub fn peek_batch_len(buf: &[u8]) -> Option<usize> {
     (batch_length >= MIN_BATCH_LENGTH).then(|| LOG_OVERHEAD + batch_length)
 }
 
+/// Splits batches laid end to end (as a segment file or a read response holds them) and
+/// parses each completely.
+///
+/// # Errors
+///
+/// [`RecordError::Truncated`] if the bytes end inside a batch, [`RecordError::Corrupt`] if
+/// a batch's length field is not one a batch can have, and whatever [`RecordBatch::parse`]
+/// finds wrong with a batch.
+pub fn split_batches(mut bytes: Bytes) -> Result<Vec<RecordBatch>, RecordError> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let len = match peek_batch_len(&bytes) {
+            Some(len) if len <= bytes.len() => len,
+            Some(len) => return Err(RecordError::Truncated { needed: len, available: bytes.len() }),
+            None if bytes.len() < LOG_OVERHEAD => {
+                return Err(RecordError::Truncated { needed: LOG_OVERHEAD, available: bytes.len() })
+            }
+            None => return Err(RecordError::Corrupt("a batch length field is out of range".into())),
+        };
+        out.push(RecordBatch::parse(bytes.split_to(len))?);
+    }
+    Ok(out)
+}
+
 /// The `baseOffset` of the batch starting at `buf[0]`, or `None` if fewer
 /// than 8 bytes are present or it is negative.
 pub fn peek_base_offset(buf: &[u8]) -> Option<u64> {

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use silt::client::Client;
+use silt::client::{Client, RecordPage};
 
 /// Path of the `silt` binary under test.
 pub fn silt_bin() -> PathBuf {
@@ -294,6 +294,20 @@ impl Drop for SiltDev {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// What the agent at `agent_url` holds in its own log of `topic`/`partition` from `from` on (at
+/// most `max` records), read through the endpoint other agents and the compactor use.
+pub async fn held_records(agent_url: &str, topic: &str, partition: u32, from: u64, max: usize) -> RecordPage {
+    let url = format!(
+        "{agent_url}/internal/v1/topics/{topic}/partitions/{partition}/held?from_offset={from}&max={max}"
+    );
+    let reply = reqwest::get(&url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let status = reply.status();
+    let headers = reply.headers().clone();
+    let body = reply.bytes().await.expect("held body");
+    assert!(status.is_success(), "{url}: {status} {}", String::from_utf8_lossy(&body));
+    RecordPage::decode(&headers, body).unwrap_or_else(|e| panic!("{url}: {e}"))
 }
 
 /// Runs the `silt` CLI with `args` against `server` and returns stdout, failing on error.

@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
 use silt::client::{Client, OutMessage};
 use silt::silt_metadata::MetadataState;
 use silt_tests::{wait_for, AgentOptions, MetadataCluster, Proxy, SiltDev};
@@ -598,21 +596,15 @@ async fn replicas_on_an_agent_gone_too_long_are_copied_to_another_agent() {
         let last = seg.last_offset.expect("sealed");
         for holder in &seg.ensemble {
             let agent = &cluster.agents[cluster.index_of(holder)];
-            let url = format!(
-                "{}/internal/v1/topics/logs/partitions/0/held?from_offset={base}&max=1000",
-                agent.url()
+            let page = silt_tests::held_records(agent.url(), "logs", 0, *base, 1000).await;
+            assert_eq!(
+                page.records.len() as u64,
+                last - base + 1,
+                "{holder} holds segment {base} whole: {page:?}"
             );
-            let page: serde_json::Value = reqwest::get(&url).await.expect("held").json().await.expect("json");
-            let records = page["records"].as_array().expect("records");
-            assert_eq!(records.len() as u64, last - base + 1, "{holder} holds segment {base} whole: {page}");
-            for r in records {
-                let offset = r["offset"].as_u64().expect("offset");
-                let value = B64.decode(r["value"].as_str().expect("value")).expect("base64");
-                assert_eq!(
-                    Some(&String::from_utf8(value).expect("utf8")),
-                    acked.get(&offset),
-                    "{holder} at {offset}"
-                );
+            for r in &page.records {
+                let value = String::from_utf8(r.value.clone().expect("value").to_vec()).expect("utf8");
+                assert_eq!(Some(&value), acked.get(&r.offset), "{holder} at {}", r.offset);
             }
         }
     }
@@ -677,17 +669,16 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
         let ensemble = open["ensemble"].as_array().expect("ensemble");
         for follower in ensemble.iter().filter_map(|a| a.as_str()).filter(|a| *a != writer) {
             let base = url_of(follower).expect("url");
-            let url = format!("{base}/internal/v1/topics/demo/partitions/{p}/held?from_offset=0&max=1000");
-            let page: serde_json::Value = reqwest::get(&url).await.expect("held").json().await.expect("json");
-            let records = page["records"].as_array().unwrap_or_else(|| panic!("{follower}: {page}"));
+            let page = silt_tests::held_records(&base, "demo", p as u32, 0, 1000).await;
+            let records = &page.records;
             assert!(
                 records.len() >= 25 && records.len() <= 50,
-                "{follower} serves what is committed: {page}"
+                "{follower} serves what is committed: {page:?}"
             );
             for (i, r) in records.iter().enumerate() {
-                let value = B64.decode(r["value"].as_str().expect("value")).expect("base64");
-                assert_eq!(r["offset"], i as u64);
-                assert_eq!(String::from_utf8(value).expect("utf8"), format!("m{}", 2 * i + p), "{follower}");
+                let value = String::from_utf8(r.value.clone().expect("value").to_vec()).expect("utf8");
+                assert_eq!(r.offset, i as u64);
+                assert_eq!(value, format!("m{}", 2 * i + p), "{follower}");
             }
         }
     }
