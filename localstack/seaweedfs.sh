@@ -6,6 +6,8 @@
 #   localstack/seaweedfs.sh stop
 #
 # Port: $SEAWEEDFS_S3_PORT (default 8333); bucket: silt-test; credentials test / testsecret.
+# $SEAWEEDFS_PORT_SHIFT (default 0) moves its internal master, volume, filer and admin ports by
+# that much, so that a second one (with its own $SILT_EMULATORS_DIR) can run beside the first.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
@@ -14,6 +16,7 @@ venv="$EMULATORS_DIR/seaweedfs-venv"
 data="$EMULATORS_DIR/seaweedfs-data"
 pidfile="$EMULATORS_DIR/seaweedfs.pid"
 port="${SEAWEEDFS_S3_PORT:-8333}"
+shift_by="${SEAWEEDFS_PORT_SHIFT:-0}"
 bucket=silt-test
 
 env_lines() {
@@ -42,7 +45,8 @@ case "${1:-start}" in
     rm -rf "$data" && mkdir -p "$data"
     AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=testsecret nohup "$venv/bin/weed" mini -dir="$data" \
       -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false -webdav=false -admin.ui=false \
-      -s3.port="$port" -bucket="$bucket" >"$EMULATORS_DIR/seaweedfs.log" 2>&1 </dev/null &
+      -s3.port="$port" -bucket="$bucket" -master.port=$((9333 + shift_by)) -volume.port=$((9340 + shift_by)) \
+      -filer.port=$((8888 + shift_by)) -admin.port=$((23646 + shift_by)) >"$EMULATORS_DIR/seaweedfs.log" 2>&1 </dev/null &
     echo $! >"$pidfile"
     if ! wait_until 90 "SeaweedFS on port $port" ready; then
       tail -30 "$EMULATORS_DIR/seaweedfs.log" >&2

@@ -21,7 +21,7 @@ use clap::Parser;
 use silt_bench::load::{LoadPlan, ProduceTarget};
 use silt_bench::nats_system::{NatsCluster, NatsProducer};
 use silt_bench::proc_stats::ProcMark;
-use silt_bench::report::{Machine, ReplayEntry, Report, RunResult, Settings};
+use silt_bench::report::{local_folder, Machine, ReplayEntry, Report, RunResult, Settings};
 use silt_bench::silt_system::{SiltProducer, SiltServer};
 use silt_bench::workload::{ProduceSpec, Workload, WorkloadKind};
 
@@ -63,6 +63,15 @@ struct Args {
     /// Longest wait for consumers to catch up after the producers stop.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
     drain: Duration,
+    /// Also run the replay workloads with the bucket on this S3-compatible store
+    /// (`s3://bucket/prefix`; endpoint and credentials from `AWS_ENDPOINT_URL`,
+    /// `AWS_ACCESS_KEY_ID`, ...), next to the local folder. `bench/run.sh` starts SeaweedFS on
+    /// loopback for it.
+    #[arg(long)]
+    replay_s3: Option<String>,
+    /// What to call that store in the report.
+    #[arg(long, default_value = "S3 API")]
+    replay_s3_name: String,
 }
 
 const SILT_SETTINGS: &str = "`silt dev --agents R` (metadata, R agents and the compactor in one process, \
@@ -226,7 +235,8 @@ async fn run_produce_workload(
     // each with its own data directory), a fresh topic for every run.
     for &r in &w.replication_factors {
         eprintln!("== {}: silt R={r}", w.name);
-        let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r).await?;
+        let server =
+            SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r, None).await?;
         let mut max: Option<f64> = None;
         for (ri, rate) in rates.iter().enumerate() {
             let topic = format!("w{wi}-r{r}-{ri}");
@@ -409,18 +419,34 @@ async fn run_replay_workload(
     let Some(spec) = &w.replay else { return Ok(Vec::new()) };
     let mut out = Vec::new();
     for &r in &w.replication_factors {
-        eprintln!("== {}: silt R={r} ({} MiB)", w.name, spec.total_mib);
-        let server = SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r).await?;
-        let res = silt_bench::replay::run(&server, w, spec, &format!("w{wi}-replay-r{r}"), r).await?;
-        out.push(ReplayEntry {
-            workload: w.name.clone(),
-            system: "silt".into(),
-            replication: r,
-            available: true,
-            reason: None,
-            result: Some(res),
-        });
-        tokio::task::spawn_blocking(move || server.stop()).await?;
+        let mut stores = vec![(local_folder(), None)];
+        if let Some(url) = &args.replay_s3 {
+            stores.push((
+                args.replay_s3_name.clone(),
+                Some(format!("{}/w{wi}-r{r}", url.trim_end_matches('/'))),
+            ));
+        }
+        for (store, url) in stores {
+            eprintln!("== {}: silt R={r} ({} MiB, bucket: {store})", w.name, spec.total_mib);
+            let dir = work.join(format!("silt-{wi}-r{r}"));
+            let server = SiltServer::start(&args.silt_bin, &dir, r, url.as_deref()).await?;
+            let store_url = match &url {
+                Some(u) => u.clone(),
+                None => format!("file://{}", server.data_dir().join("objects").display()),
+            };
+            let res = silt_bench::replay::run(&server, w, spec, &format!("w{wi}-replay-r{r}"), r, &store_url)
+                .await?;
+            out.push(ReplayEntry {
+                workload: w.name.clone(),
+                system: "silt".into(),
+                replication: r,
+                available: true,
+                reason: None,
+                result: Some(res),
+                store,
+            });
+            tokio::task::spawn_blocking(move || server.stop()).await?;
+        }
     }
     for &r in &w.replication_factors {
         out.push(ReplayEntry {
@@ -434,6 +460,7 @@ async fn run_replay_workload(
                     .into(),
             ),
             result: None,
+            store: local_folder(),
         });
     }
     Ok(out)

@@ -103,13 +103,14 @@ fn local_log_bytes(dir: &Path) -> u64 {
     total
 }
 
-/// Runs the replay workload against a running `silt dev`.
+/// Runs the replay workload against a running `silt dev` whose bucket is `store_url`.
 pub async fn run(
     server: &SiltServer,
     w: &Workload,
     spec: &ReplaySpec,
     topic: &str,
     replication: u32,
+    store_url: &str,
 ) -> anyhow::Result<ReplayResult> {
     let client = server.client()?;
     client.create_topic(topic, w.partitions, &w.silt_topic_config(replication)).await?;
@@ -212,8 +213,7 @@ pub async fn run(
 
     // The same objects by plain GETs from the same store, one reader per partition.
     let objects = client.archive_list(topic).await?;
-    let store_url = format!("file://{}", server.data_dir().join("objects").display());
-    let store = silt_tiering::store_url::object_store_from_url(&store_url)?;
+    let store = silt_tiering::store_url::object_store_from_url(store_url)?;
     let mut best: f64 = 0.0;
     for _ in 0..2 {
         best = best.max(raw_get(&store.store, &objects, w.partitions).await?);

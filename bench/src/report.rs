@@ -126,6 +126,15 @@ pub struct ReplayEntry {
     pub reason: Option<String>,
     /// What it measured.
     pub result: Option<ReplayResult>,
+    /// The bucket the archive was written to and read from (`local folder`, or the S3-compatible
+    /// server's name).
+    #[serde(default = "local_folder")]
+    pub store: String,
+}
+
+/// The store of a replay run against `silt dev`'s own bucket.
+pub fn local_folder() -> String {
+    "local folder".into()
 }
 
 fn f(v: f64) -> String {
@@ -316,15 +325,14 @@ impl Report {
 
         // Replays.
         for e in self.replays.iter().filter(|e| e.system == "silt" && e.replication == 1) {
-            let _ = writeln!(s, "### {}\n", e.workload);
+            let _ = writeln!(s, "### {} (bucket: {})\n", e.workload, e.store);
             let Some(r) = &e.result else {
                 let _ = writeln!(s, "Not run: {}\n", e.reason.clone().unwrap_or_default());
                 continue;
             };
-            let r3 = self
-                .replays
-                .iter()
-                .find(|x| x.workload == e.workload && x.system == "silt" && x.replication == 3);
+            let r3 = self.replays.iter().find(|x| {
+                x.workload == e.workload && x.system == "silt" && x.replication == 3 && x.store == e.store
+            });
             if let Some(reason) = r3.and_then(|x| x.reason.clone()) {
                 if !notes.contains(&reason) {
                     notes.push(reason);
@@ -416,8 +424,9 @@ impl Report {
             if let Some(r) = &e.result {
                 let _ = writeln!(
                     s,
-                    "| cold replay ≥ 0.5 × raw GET from the same store ({}) | {:.2} | {} |",
+                    "| cold replay ≥ 0.5 × raw GET from the same store ({}, bucket: {}) | {:.2} | {} |",
                     e.workload,
+                    e.store,
                     r.replay_to_get,
                     yes(r.replay_to_get >= 0.5)
                 );

@@ -25,13 +25,24 @@ pub struct SiltServer {
 
 impl SiltServer {
     /// Starts `silt dev` with `agents` agents (each segment on `min(agents, 3)` of their
-    /// disks) and waits until it serves.
-    pub async fn start(bin: &Path, data_dir: &Path, agents: u32) -> anyhow::Result<SiltServer> {
+    /// disks) and waits until it serves. Its bucket is a folder in `data_dir` unless
+    /// `object_store` names one (`s3://bucket/prefix`, set up by the `AWS_*` environment).
+    pub async fn start(
+        bin: &Path,
+        data_dir: &Path,
+        agents: u32,
+        object_store: Option<&str>,
+    ) -> anyhow::Result<SiltServer> {
         std::fs::create_dir_all(data_dir)?;
         let log = std::fs::File::create(data_dir.with_extension("log"))?;
-        let mut child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["dev", "--listen", "127.0.0.1:0", "--agents", &agents.to_string(), "--data-dir"])
-            .arg(data_dir)
+            .arg(data_dir);
+        if let Some(url) = object_store {
+            command.args(["--object-store", url]);
+        }
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(log)

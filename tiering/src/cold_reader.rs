@@ -31,7 +31,7 @@ use arrow_array::{Array, Int64Array, RecordBatch, TimestampMillisecondArray};
 use bytes::Bytes;
 use foyer::{
     BlockEngineConfig, Cache, CacheBuilder, Code, DeviceBuilder, FsDeviceBuilder, HybridCache,
-    HybridCacheBuilder, PsyncIoEngineConfig,
+    HybridCacheBuilder, HybridCacheProperties, Location, PsyncIoEngineConfig,
 };
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -615,7 +615,7 @@ impl ColdReader {
             if stats.is_some_and(|s| s.max_timestamp_ms < timestamp_ms) {
                 continue;
             }
-            let bytes = self.source.row_group(object_key, object_bytes, &footer, rg).await?;
+            let bytes = self.source.row_group(object_key, object_bytes, &footer, rg, false).await?;
             let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
                 CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },
                 footer.arrow.clone(),
@@ -685,7 +685,7 @@ impl RowGroupSource {
         read_ahead: bool,
     ) -> Result<DecodedRowGroup, TieringError> {
         let rg = rg as usize;
-        let bytes = self.row_group(&key.object_key, key.object_bytes, footer, rg).await?;
+        let bytes = self.row_group(&key.object_key, key.object_bytes, footer, rg, read_ahead).await?;
         let footer = Arc::clone(footer);
         // Decoding is CPU work over bytes already in memory: keep it off the async workers.
         tokio::task::spawn_blocking(move || {
@@ -723,12 +723,17 @@ impl RowGroupSource {
         .map_err(|e| TieringError::Cache(format!("decoding a row group panicked: {e}")))?
     }
 
+    /// One row group's bytes, from the cache or the bucket. A row group fetched for a
+    /// sequential scan (`scan`, a readahead) stays in memory only: a long scan passes through
+    /// without writing everything it reads to the disk cache and pushing out what other reads
+    /// keep coming back to.
     async fn row_group(
         &self,
         object_key: &str,
         object_bytes: u64,
         footer: &Footer,
         rg: usize,
+        scan: bool,
     ) -> Result<RowGroupBytes, TieringError> {
         let key = RowGroupKey {
             object_key: object_key.to_string(),
@@ -761,7 +766,8 @@ impl RowGroupSource {
                 }
                 let bytes = RowGroupBytes { chunks: ranges.iter().map(|r| r.start).zip(parts).collect() };
                 bump(&counters.bytes_fetched, bytes.len_bytes() as u64);
-                Ok(bytes)
+                let location = if scan { Location::InMem } else { Location::Default };
+                Ok((bytes, HybridCacheProperties::default().with_location(location)))
             }
         };
         let wrapped = outcome.wrap(fetch);
@@ -980,6 +986,50 @@ mod tests {
         let s = reopened.stats();
         assert_eq!((s.cache_hits, s.cache_misses), (10, 0), "{s:?}");
         assert_eq!(stats.snapshot().gets(), gets + 1, "only the footer is fetched again");
+    }
+
+    #[tokio::test]
+    async fn a_sequential_scan_keeps_what_it_reads_ahead_out_of_the_disk_cache() {
+        let f = fixture(0).await;
+        // A memory tier smaller than a row group: every row group leaves memory right after
+        // its read, to the disk tier unless it was read ahead for a scan.
+        let disk_written = |readahead_bytes: usize, dir: &str| {
+            let options = ColdReaderOptions {
+                memory_bytes: 16 * 1024,
+                readahead_bytes,
+                disk_dir: Some(f._dir.path().join(dir)),
+                ..f.reader.options.clone()
+            };
+            let (store, key, object_bytes, records) =
+                (Arc::clone(&f.reader.source.store), f.key.clone(), f.object_bytes, f.records.clone());
+            async move {
+                let reader = ColdReader::new(store, options).await.unwrap();
+                let (mut from, mut got) = (0, Vec::new());
+                loop {
+                    let page = reader.read(&key, object_bytes, from, 500).await.unwrap();
+                    let Some(last) = page.last() else { break };
+                    from = last.offset + 1;
+                    got.extend(page);
+                }
+                assert_eq!(got, records);
+                drained(&reader).await;
+                reader.source.row_groups.storage().wait().await;
+                (reader.source.row_groups.statistics().disk_write_bytes(), reader.stats())
+            }
+        };
+        let (plain, plain_stats) = disk_written(0, "plain").await;
+        let (scan, scan_stats) = disk_written(32 * 1024 * 1024, "scan").await;
+        assert_eq!(plain_stats.readahead_row_groups, 0);
+        assert!(scan_stats.readahead_row_groups >= 5, "most of the scan is read ahead: {scan_stats:?}");
+        let row_groups = plain_stats.bytes_fetched - 65_536; // less the footer read
+        assert!(
+            plain as u64 * 2 >= row_groups,
+            "without readahead the row groups go to disk: {plain} bytes written of {row_groups} read"
+        );
+        assert!(
+            scan * 2 <= plain,
+            "the scan wrote {scan} bytes to the disk cache, the same reads one by one {plain}"
+        );
     }
 
     #[tokio::test]
