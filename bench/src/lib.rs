@@ -10,6 +10,7 @@
 //! through the Rust client (`silt::client`), like any user, and reads the archive only through
 //! the object store the tiering crate opens.
 
+pub mod compare;
 pub mod latency;
 pub mod limits;
 pub mod load;

@@ -43,8 +43,8 @@ struct Args {
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// The `silt` binary (a release build).
-    #[arg(long, env = "SILT_BIN")]
-    silt_bin: PathBuf,
+    #[arg(long, env = "SILT_BIN", required_unless_present = "compare")]
+    silt_bin: Option<PathBuf>,
     /// The `nats-server` binary; without it the peer's rows say it was not run.
     #[arg(long, env = "NATS_SERVER_BIN")]
     nats_server: Option<PathBuf>,
@@ -72,6 +72,10 @@ struct Args {
     /// What to call that store in the report.
     #[arg(long, default_value = "S3 API")]
     replay_s3_name: String,
+    /// Run nothing: compare two earlier runs' `result.json` figure by figure, each difference
+    /// next to the noise the runs themselves report, and print it as Markdown.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    compare: Option<Vec<PathBuf>>,
 }
 
 const SILT_SETTINGS: &str = "`silt dev --agents R` (metadata, R agents and the compactor in one process, \
@@ -84,6 +88,16 @@ per poll, JSON).";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(paths) = &args.compare {
+        let read = |p: &PathBuf| -> anyhow::Result<Report> {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{} is not a silt-bench result", p.display()))
+        };
+        let (a, b) = (read(&paths[0])?, read(&paths[1])?);
+        let name = |p: &PathBuf| p.display().to_string();
+        print!("{}", silt_bench::compare::markdown(&a, &b, &name(&paths[0]), &name(&paths[1])));
+        return Ok(());
+    }
     let started = Instant::now();
     let started_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut workloads = silt_bench::workload::load_dir(&args.workloads)?;
@@ -236,7 +250,7 @@ async fn run_produce_workload(
     for &r in &w.replication_factors {
         eprintln!("== {}: silt R={r}", w.name);
         let server =
-            SiltServer::start(&args.silt_bin, &work.join(format!("silt-{wi}-r{r}")), r, None).await?;
+            SiltServer::start(silt_bin_of(args), &work.join(format!("silt-{wi}-r{r}")), r, None).await?;
         let mut max: Option<f64> = None;
         for (ri, rate) in rates.iter().enumerate() {
             let topic = format!("w{wi}-r{r}-{ri}");
@@ -429,7 +443,7 @@ async fn run_replay_workload(
         for (store, url) in stores {
             eprintln!("== {}: silt R={r} ({} MiB, bucket: {store})", w.name, spec.total_mib);
             let dir = work.join(format!("silt-{wi}-r{r}"));
-            let server = SiltServer::start(&args.silt_bin, &dir, r, url.as_deref()).await?;
+            let server = SiltServer::start(silt_bin_of(args), &dir, r, url.as_deref()).await?;
             let store_url = match &url {
                 Some(u) => u.clone(),
                 None => format!("file://{}", server.data_dir().join("objects").display()),
@@ -507,4 +521,9 @@ fn machine(work: &Path, load_average: [f64; 2]) -> Machine {
         filesystem,
         load_average,
     }
+}
+
+/// The `silt` binary; clap requires it whenever the tool runs anything.
+fn silt_bin_of(args: &Args) -> &Path {
+    args.silt_bin.as_deref().unwrap_or_else(|| Path::new("silt"))
 }
