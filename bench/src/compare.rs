@@ -8,8 +8,9 @@
 //! - latency at a percentile: how far the disk's own 4 KiB write + fdatasync latency at that
 //!   percentile moved among the four limit measurements (start and end of both runs), the
 //!   machine's noise at that percentile;
-//! - cold replay throughput: how far the raw GET of the same objects from the same store moved
-//!   between the runs.
+//! - cold replay throughput: two standard deviations of the readers' own throughputs (one per
+//!   partition, all at once) of both runs combined, or how far the raw GET of the same objects
+//!   from the same store moved between the runs, whichever is larger.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -114,7 +115,8 @@ pub fn rows(a: &Report, b: &Report) -> Vec<Row> {
             ),
             a: ra.replay_object_mb_per_s,
             b: rb.replay_object_mb_per_s,
-            noise: spread(&[ra.raw_get_mb_per_s, rb.raw_get_mb_per_s]),
+            noise: spread(&[ra.raw_get_mb_per_s, rb.raw_get_mb_per_s])
+                .max(2.0 * ra.reader_cv.hypot(rb.reader_cv)),
         });
     }
     out
@@ -240,5 +242,24 @@ mod tests {
             .unwrap();
         assert!(p99.agrees(), "{p99:?}");
         assert!(markdown(&a, &c, "a", "c").starts_with("0 of 6 figures"), "{}", markdown(&a, &c, "a", "c"));
+
+        // A replay 10% slower with the same GETs is noise when its readers spread 5% each.
+        let spread_out = |mut r: Report, mb_per_s: f64| {
+            let result = r.replays[0].result.as_mut().unwrap();
+            result.replay_object_mb_per_s = mb_per_s;
+            result.reader_cv = 0.05;
+            r
+        };
+        let replay = |x: &Report, y: &Report| super::rows(x, y).pop().unwrap();
+        assert!(replay(&spread_out(a.clone(), 300.0), &spread_out(a.clone(), 270.0)).agrees());
+        assert!(!replay(&a, &report(10, 100.0, 0.04, 20, 270.0, 600.0)).agrees());
+    }
+
+    #[test]
+    fn coefficient_of_variation_is_the_relative_sample_spread() {
+        use crate::report::coefficient_of_variation as cv;
+        assert_eq!(cv(&[5.0]), 0.0);
+        assert_eq!(cv(&[3.0, 3.0, 3.0]), 0.0);
+        assert!((cv(&[90.0, 110.0]) - 200f64.sqrt() / 100.0).abs() < 1e-12);
     }
 }

@@ -384,17 +384,7 @@ fn result(
     let window_s = spec.duration.as_secs_f64();
     let msgs_per_s = outcome.acked_in_window as f64 / window_s;
     let samples: Vec<f64> = outcome.per_second_msgs.iter().map(|v| *v as f64).collect();
-    let cv = if samples.len() > 1 {
-        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-        let var = samples.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (samples.len() - 1) as f64;
-        if mean > 0.0 {
-            var.sqrt() / mean
-        } else {
-            0.0
-        }
-    } else {
-        0.0
-    };
+    let cv = silt_bench::report::coefficient_of_variation(&samples);
     let gb = (outcome.acked_total * w.message_bytes as u64) as f64 / 1e9;
     let e2e = stats.end_to_end.lock().map(|h| h.summary()).unwrap_or_default();
     RunResult {

@@ -57,6 +57,10 @@ pub struct ReplayResult {
     pub replay_value_mb_per_s: f64,
     /// Replay throughput in messages per second.
     pub replay_msgs_per_s: f64,
+    /// Standard deviation over the mean of the readers' own throughputs (each partition's
+    /// reader, all running at once): the replay's noise within the run.
+    #[serde(default)]
+    pub reader_cv: f64,
     /// Plain GETs of every object, the same concurrency, best of two passes (MB/s).
     pub raw_get_mb_per_s: f64,
     /// replay_object_mb_per_s / raw_get_mb_per_s.
@@ -193,6 +197,8 @@ pub async fn run(
     let after = client.metrics().await?;
     let read: u64 = counts.iter().map(|c| c.0).sum();
     let read_bytes: u64 = counts.iter().map(|c| c.1).sum();
+    let rates: Vec<f64> = counts.iter().map(|c| c.1 as f64 / c.2.max(1e-9)).collect();
+    r.reader_cv = crate::report::coefficient_of_variation(&rates);
     if read != messages || read_bytes != r.value_bytes {
         bail!(
             "replay returned {read} messages ({read_bytes} bytes), not {messages} ({} bytes)",
@@ -224,12 +230,14 @@ pub async fn run(
     Ok(r)
 }
 
+/// Reads one partition from its start to its end: messages, value bytes and seconds taken.
 async fn read_partition(
     client: &Client,
     topic: &str,
     partition: u32,
     page: usize,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<(u64, u64, f64)> {
+    let started = Instant::now();
     let mut from = 0;
     let mut n = 0u64;
     let mut bytes = 0u64;
@@ -239,7 +247,7 @@ async fn read_partition(
         bytes += p.records.iter().map(|r| r.value.as_ref().map_or(0, |v| v.len() as u64)).sum::<u64>();
         from = p.next_offset;
         if p.records.is_empty() || from >= p.high_watermark {
-            return Ok((n, bytes));
+            return Ok((n, bytes, started.elapsed().as_secs_f64()));
         }
     }
 }

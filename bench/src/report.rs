@@ -137,6 +137,21 @@ pub fn local_folder() -> String {
     "local folder".into()
 }
 
+/// Sample standard deviation over the mean: the relative spread of repeated measurements (0
+/// for fewer than two, or a mean of 0).
+pub fn coefficient_of_variation(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64;
+    if mean > 0.0 {
+        var.sqrt() / mean
+    } else {
+        0.0
+    }
+}
+
 fn f(v: f64) -> String {
     if v == 0.0 {
         "0".into()

@@ -1,7 +1,8 @@
 //! A few seconds of `silt-bench` against a debug `silt dev`: the small-message workload with
-//! tiny durations and a cold replay of 8 MiB, without the peer. Checks that the tool starts and
-//! stops everything, and that `result.json` and `results.md` carry the figures; it asserts no
-//! timing.
+//! tiny durations and a cold replay of 8 MiB (bucket in a local folder, and on SeaweedFS when
+//! the test script runs one), without the peer. Checks that the tool starts and stops
+//! everything, that `result.json` and `results.md` carry the figures and that `--compare`
+//! reads them back; it asserts no timing.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -16,11 +17,48 @@ fn silt_bin() -> PathBuf {
     bin
 }
 
+/// The SeaweedFS `scripts/test.sh` starts, for the replay with its bucket on an S3 API; under
+/// CI it must be there.
+fn seaweedfs() -> Option<String> {
+    match std::env::var("SILT_TEST_SEAWEEDFS_ENDPOINT") {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "SILT_TEST_SEAWEEDFS_ENDPOINT is not set: run the suite with scripts/test.sh"
+            );
+            eprintln!(
+                "no replay on SeaweedFS: SILT_TEST_SEAWEEDFS_ENDPOINT is not set (scripts/test.sh sets it)"
+            );
+            None
+        }
+    }
+}
+
 #[test]
 fn a_short_run_writes_every_figure() {
     let results = tempfile::tempdir().unwrap();
     let workloads = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("workloads");
-    let out = Command::new(env!("CARGO_BIN_EXE_silt-bench"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_silt-bench"));
+    let s3 = seaweedfs();
+    if let Some(endpoint) = &s3 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        command
+            .args([
+                "--replay-s3",
+                &format!("s3://silt-test/bench-smoke-{nanos}"),
+                "--replay-s3-name",
+                "SeaweedFS",
+            ])
+            .envs([
+                ("AWS_ACCESS_KEY_ID", "test"),
+                ("AWS_SECRET_ACCESS_KEY", "testsecret"),
+                ("AWS_REGION", "us-east-1"),
+                ("AWS_ENDPOINT_URL", endpoint.as_str()),
+                ("AWS_ALLOW_HTTP", "true"),
+            ]);
+    }
+    let out = command
         .arg("--workloads")
         .arg(&workloads)
         .args(["--only", "1-topic-1-partition-100b", "--only", "replay-cold"])
@@ -73,8 +111,37 @@ fn a_short_run_writes_every_figure() {
     assert!(replay["parquet_size_ratio"].as_f64().unwrap() > 0.0, "{replay}");
     assert!(replay["raw_get_mb_per_s"].as_f64().unwrap() > 0.0, "{replay}");
 
+    // With the bucket on SeaweedFS's S3 API too, the same figures, next to GETs from there.
+    if s3.is_some() {
+        let on_s3 =
+            r["replays"].as_array().unwrap().iter().find(|x| x["store"] == "SeaweedFS").expect("S3 replay");
+        assert_eq!(on_s3["result"]["value_bytes"], 8 << 20, "{on_s3}");
+        assert!(on_s3["result"]["raw_get_mb_per_s"].as_f64().unwrap() > 0.0, "{on_s3}");
+    }
+
     let md = std::fs::read_to_string(results.path().join("latest/results.md")).unwrap();
-    for want in ["### Limits", "### 1-topic-1-partition-100b", "### replay-cold", "### Targets"] {
+    for want in [
+        "### Limits",
+        "### 1-topic-1-partition-100b",
+        "### replay-cold (bucket: local folder)",
+        "### Targets",
+    ] {
         assert!(md.contains(want), "results.md lacks {want}:\n{md}");
     }
+
+    // A run compared with itself agrees on every figure.
+    let json = results.path().join("latest/result.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_silt-bench"))
+        .arg("--compare")
+        .arg(&json)
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let first = table.lines().next().unwrap_or_default();
+    let (agree, rest) = first.split_once(" of ").expect("N of M figures");
+    let total = rest.split_whitespace().next().unwrap();
+    assert_eq!(agree, total, "{table}");
+    assert!(agree.parse::<u32>().unwrap() >= 7, "{table}");
 }
