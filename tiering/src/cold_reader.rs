@@ -1171,6 +1171,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn concurrent_scans_fetch_each_row_group_once() {
+        let f = fixture(0).await;
+        let footer = f.reader.footer(&f.key, f.object_bytes).await.unwrap();
+        let largest = *footer.row_group_bytes.iter().max().unwrap() as usize;
+        // Room for each scan's current row group and the two read ahead of them, and no more.
+        let reader = Arc::new(reader_with(&f, 4 * largest, 8 * largest).await);
+        let scans = [(0u64, 5_000u64), (5_000, 10_000)].map(|(from, end)| {
+            let (reader, key, object_bytes) = (Arc::clone(&reader), f.key.clone(), f.object_bytes);
+            tokio::spawn(async move {
+                let (mut next, mut got) = (from, Vec::new());
+                while next < end {
+                    let page = reader.read(&key, object_bytes, next, 250).await.unwrap();
+                    next = page.last().expect("records up to the end").offset + 1;
+                    got.extend(page.into_iter().filter(|r| r.offset < end));
+                }
+                got
+            })
+        });
+        let mut got = Vec::new();
+        for scan in scans {
+            got.extend(scan.await.unwrap());
+        }
+        assert_eq!(got, f.records);
+        drained(&reader).await;
+        let s = reader.stats();
+        assert!(s.readahead_row_groups >= 4, "{s:?}");
+        assert_eq!(s.cache_misses, 10, "every row group fetched once, none again after an eviction: {s:?}");
+    }
+
+    #[tokio::test]
     async fn readahead_only_follows_sequential_reads_within_its_bounds() {
         let f = fixture(0).await;
         let footer = f.reader.footer(&f.key, f.object_bytes).await.unwrap();
