@@ -37,6 +37,8 @@ pub struct AgentProcessConfig {
     pub cache_memory_bytes: usize,
     /// Disk of the cold-read cache; 0 turns the disk tier off.
     pub cache_disk_bytes: usize,
+    /// Memory of the cold reader's decoded records.
+    pub cache_decoded_bytes: usize,
     /// The agent's lease in metadata.
     pub lease: Duration,
     /// Archive the sealed segments this agent holds.
@@ -86,6 +88,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         object_store: config.object_store.clone(),
         cache_memory_bytes: config.cache_memory_bytes,
         cache_disk_bytes: config.cache_disk_bytes,
+        cache_decoded_bytes: config.cache_decoded_bytes,
         metadata: Metadata::Remote(remote),
         lease: config.lease,
         compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },

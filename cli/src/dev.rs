@@ -39,6 +39,8 @@ pub struct DevConfig {
     pub cache_memory_bytes: usize,
     /// Disk of the cold-read cache; 0 turns the disk tier off.
     pub cache_disk_bytes: usize,
+    /// Memory of the cold reader's decoded records.
+    pub cache_decoded_bytes: usize,
     /// Agents to run in the process (1 to [`AGENTS_MAX`]).
     pub agents: u32,
 }
@@ -84,6 +86,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         object_store: url.clone(),
         cache_memory_bytes: config.cache_memory_bytes,
         cache_disk_bytes: config.cache_disk_bytes,
+        cache_decoded_bytes: config.cache_decoded_bytes,
         metadata: metadata.clone().into(),
         lease: silt_agent::agent::DEFAULT_LEASE,
         compactor: CompactorScope::All,
@@ -105,6 +108,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
             object_store: url.clone(),
             cache_memory_bytes: config.cache_memory_bytes,
             cache_disk_bytes: config.cache_disk_bytes,
+            cache_decoded_bytes: config.cache_decoded_bytes,
             metadata: metadata.clone().into(),
             lease: silt_agent::agent::DEFAULT_LEASE,
             // The first agent's compactor archives every segment.
@@ -156,6 +160,7 @@ pub(crate) struct ServeConfig {
     pub object_store: String,
     pub cache_memory_bytes: usize,
     pub cache_disk_bytes: usize,
+    pub cache_decoded_bytes: usize,
     pub metadata: Metadata,
     pub lease: std::time::Duration,
     pub compactor: CompactorScope,
@@ -198,6 +203,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
             memory_bytes: config.cache_memory_bytes,
             disk_dir: (config.cache_disk_bytes > 0).then(|| config.data_dir.join("cache")),
             disk_bytes: config.cache_disk_bytes,
+            decoded_memory_bytes: config.cache_decoded_bytes,
             ..ColdReaderOptions::default()
         },
     )

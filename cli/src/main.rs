@@ -51,6 +51,11 @@ enum Cmd {
         /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
         #[arg(long, default_value_t = 1024 * 1024 * 1024)]
         cache_disk_bytes: usize,
+        /// Memory for archived records decoded for readers (bytes): it holds each reader's
+        /// current row groups (up to 8 MiB of records each) and what is read ahead of
+        /// sequential readers (at most half of it). Raise it for many readers replaying at once.
+        #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
+        cache_decoded_bytes: usize,
         /// Agents to run in this process (1 to 5), each on its own port (--listen's port, then
         /// the next ones) with its own data directory (<data-dir>/agents/dev-N). With 2 or
         /// more, topics default to replication.factor min(agents, 3): each segment is written
@@ -143,6 +148,11 @@ enum Cmd {
         /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
         #[arg(long, default_value_t = 1024 * 1024 * 1024)]
         cache_disk_bytes: usize,
+        /// Memory for archived records decoded for readers (bytes): it holds each reader's
+        /// current row groups (up to 8 MiB of records each) and what is read ahead of
+        /// sequential readers (at most half of it). Raise it for many readers replaying at once.
+        #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
+        cache_decoded_bytes: usize,
         /// Metadata moves this agent's partitions to another agent when it has not heartbeated
         /// for this long (0.5s to 10m).
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -420,13 +430,22 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Cmd::Dev { data_dir, listen, object_store, cache_memory_bytes, cache_disk_bytes, agents } => {
+        Cmd::Dev {
+            data_dir,
+            listen,
+            object_store,
+            cache_memory_bytes,
+            cache_disk_bytes,
+            cache_decoded_bytes,
+            agents,
+        } => {
             silt::dev::run(silt::dev::DevConfig {
                 data_dir,
                 listen,
                 object_store,
                 cache_memory_bytes,
                 cache_disk_bytes,
+                cache_decoded_bytes,
                 agents,
             })
             .await
@@ -440,6 +459,7 @@ async fn run(cli: Cli) -> Result<()> {
             object_store,
             cache_memory_bytes,
             cache_disk_bytes,
+            cache_decoded_bytes,
             lease,
             no_compactor,
             default_replication_factor,
@@ -454,6 +474,7 @@ async fn run(cli: Cli) -> Result<()> {
                 object_store,
                 cache_memory_bytes,
                 cache_disk_bytes,
+                cache_decoded_bytes,
                 lease,
                 compactor: !no_compactor,
                 default_replication_factor,

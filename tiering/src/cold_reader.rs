@@ -57,6 +57,10 @@ use crate::TieringError;
 const BATCH_ROWS_MAX: usize = 8192;
 /// Largest disk cache block: the eviction unit and the largest entry the disk cache takes.
 const DISK_BLOCK_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Default memory for decoded row groups: room for the current row groups of about a dozen readers
+/// (at most 8 MiB of records each by default) and what is read ahead of them.
+pub const DECODED_MEMORY_BYTES_DEFAULT: usize = 256 * 1024 * 1024;
+
 /// Smallest disk cache accepted.
 const DISK_BYTES_MIN: usize = 4 * 1024 * 1024;
 
@@ -90,7 +94,7 @@ impl Default for ColdReaderOptions {
             disk_bytes: 1024 * 1024 * 1024,
             concurrency_max: 8,
             footer_memory_bytes: 16 * 1024 * 1024,
-            decoded_memory_bytes: 64 * 1024 * 1024,
+            decoded_memory_bytes: DECODED_MEMORY_BYTES_DEFAULT,
             readahead_bytes: 32 * 1024 * 1024,
         }
     }
