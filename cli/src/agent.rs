@@ -16,7 +16,7 @@ use silt_metadata::{Metadata, MetadataClient, RemoteMetadata};
 use tokio_util::sync::CancellationToken;
 
 use crate::data_dir::lock_data_dir;
-use crate::dev::{bind, init_tracing, serve, CompactorScope, ServeConfig};
+use crate::dev::{bind, init_tracing, serve, ColdCacheArgs, CompactorScope, ServeConfig};
 
 /// What `silt agent` runs with.
 #[derive(Debug, Clone)]
@@ -33,12 +33,8 @@ pub struct AgentProcessConfig {
     pub data_dir: PathBuf,
     /// The bucket every agent of the cluster shares.
     pub object_store: String,
-    /// Memory of the cold-read cache.
-    pub cache_memory_bytes: usize,
-    /// Disk of the cold-read cache; 0 turns the disk tier off.
-    pub cache_disk_bytes: usize,
-    /// Memory of the cold reader's decoded records.
-    pub cache_decoded_bytes: usize,
+    /// The cold reader's caches.
+    pub cache: ColdCacheArgs,
     /// The agent's lease in metadata.
     pub lease: Duration,
     /// Archive the sealed segments this agent holds.
@@ -86,9 +82,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         listener,
         data_dir: config.data_dir.clone(),
         object_store: config.object_store.clone(),
-        cache_memory_bytes: config.cache_memory_bytes,
-        cache_disk_bytes: config.cache_disk_bytes,
-        cache_decoded_bytes: config.cache_decoded_bytes,
+        cache: config.cache.clone(),
         metadata: Metadata::Remote(remote),
         lease: config.lease,
         compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },

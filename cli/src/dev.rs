@@ -35,12 +35,8 @@ pub struct DevConfig {
     pub listen: SocketAddr,
     /// Archive URL; default `file://<data_dir>/objects`.
     pub object_store: Option<String>,
-    /// Memory of the cold-read cache.
-    pub cache_memory_bytes: usize,
-    /// Disk of the cold-read cache; 0 turns the disk tier off.
-    pub cache_disk_bytes: usize,
-    /// Memory of the cold reader's decoded records.
-    pub cache_decoded_bytes: usize,
+    /// The cold reader's caches.
+    pub cache: ColdCacheArgs,
     /// Agents to run in the process (1 to [`AGENTS_MAX`]).
     pub agents: u32,
 }
@@ -58,6 +54,35 @@ impl SegmentSource for LocalAgent {
         last_offset: u64,
     ) -> Result<Vec<Record>, String> {
         self.0.read_local_segment(topic, partition, base_offset, last_offset).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The cold reader's caches, as `silt dev` and `silt agent` take them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ColdCacheArgs {
+    /// Memory for the cache of archived data read back (bytes).
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub cache_memory_bytes: usize,
+    /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    pub cache_disk_bytes: usize,
+    /// Memory for archived records decoded for readers (bytes): it holds each reader's
+    /// current row groups (up to 8 MiB of records each) and what is read ahead of
+    /// sequential readers (at most half of it). Raise it for many readers replaying at once.
+    #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
+    pub cache_decoded_bytes: usize,
+}
+
+impl ColdCacheArgs {
+    /// The cold reader's options for an agent whose data lives in `data_dir`.
+    fn options(&self, data_dir: &std::path::Path) -> ColdReaderOptions {
+        ColdReaderOptions {
+            memory_bytes: self.cache_memory_bytes,
+            disk_dir: (self.cache_disk_bytes > 0).then(|| data_dir.join("cache")),
+            disk_bytes: self.cache_disk_bytes,
+            decoded_memory_bytes: self.cache_decoded_bytes,
+            ..ColdReaderOptions::default()
+        }
     }
 }
 
@@ -84,9 +109,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         listener,
         data_dir: config.data_dir.clone(),
         object_store: url.clone(),
-        cache_memory_bytes: config.cache_memory_bytes,
-        cache_disk_bytes: config.cache_disk_bytes,
-        cache_decoded_bytes: config.cache_decoded_bytes,
+        cache: config.cache.clone(),
         metadata: metadata.clone().into(),
         lease: silt_agent::agent::DEFAULT_LEASE,
         compactor: CompactorScope::All,
@@ -106,9 +129,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
             data_dir: config.data_dir.join("agents").join(&id),
             agent_id: id,
             object_store: url.clone(),
-            cache_memory_bytes: config.cache_memory_bytes,
-            cache_disk_bytes: config.cache_disk_bytes,
-            cache_decoded_bytes: config.cache_decoded_bytes,
+            cache: config.cache.clone(),
             metadata: metadata.clone().into(),
             lease: silt_agent::agent::DEFAULT_LEASE,
             // The first agent's compactor archives every segment.
@@ -158,9 +179,7 @@ pub(crate) struct ServeConfig {
     /// `<data_dir>/agent` holds the local logs, `<data_dir>/cache` the cold-read cache.
     pub data_dir: PathBuf,
     pub object_store: String,
-    pub cache_memory_bytes: usize,
-    pub cache_disk_bytes: usize,
-    pub cache_decoded_bytes: usize,
+    pub cache: ColdCacheArgs,
     pub metadata: Metadata,
     pub lease: std::time::Duration,
     pub compactor: CompactorScope,
@@ -197,18 +216,9 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     let url = config.object_store.clone();
     let (store, store_stats, prefix) = open_archive(&url)?;
 
-    let cold = ColdReader::new(
-        Arc::clone(&store),
-        ColdReaderOptions {
-            memory_bytes: config.cache_memory_bytes,
-            disk_dir: (config.cache_disk_bytes > 0).then(|| config.data_dir.join("cache")),
-            disk_bytes: config.cache_disk_bytes,
-            decoded_memory_bytes: config.cache_decoded_bytes,
-            ..ColdReaderOptions::default()
-        },
-    )
-    .await
-    .context("cannot start the cold-read cache")?;
+    let cold = ColdReader::new(Arc::clone(&store), config.cache.options(&config.data_dir))
+        .await
+        .context("cannot start the cold-read cache")?;
     let cold = Arc::new(cold);
 
     let cancel = CancellationToken::new();

@@ -45,17 +45,8 @@ enum Cmd {
         /// AWS_ENDPOINT_URL for LocalStack or MinIO) or file:///path. Default: <data-dir>/objects.
         #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
         object_store: Option<String>,
-        /// Memory for the cache of archived data read back (bytes).
-        #[arg(long, default_value_t = 64 * 1024 * 1024)]
-        cache_memory_bytes: usize,
-        /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
-        #[arg(long, default_value_t = 1024 * 1024 * 1024)]
-        cache_disk_bytes: usize,
-        /// Memory for archived records decoded for readers (bytes): it holds each reader's
-        /// current row groups (up to 8 MiB of records each) and what is read ahead of
-        /// sequential readers (at most half of it). Raise it for many readers replaying at once.
-        #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
-        cache_decoded_bytes: usize,
+        #[command(flatten)]
+        cache: silt::dev::ColdCacheArgs,
         /// Agents to run in this process (1 to 5), each on its own port (--listen's port, then
         /// the next ones) with its own data directory (<data-dir>/agents/dev-N). With 2 or
         /// more, topics default to replication.factor min(agents, 3): each segment is written
@@ -142,17 +133,8 @@ enum Cmd {
         /// file:///path (a folder every agent can reach).
         #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
         object_store: String,
-        /// Memory for the cache of archived data read back (bytes).
-        #[arg(long, default_value_t = 64 * 1024 * 1024)]
-        cache_memory_bytes: usize,
-        /// Local disk for the cache of archived data read back (bytes); 0 turns the disk tier off.
-        #[arg(long, default_value_t = 1024 * 1024 * 1024)]
-        cache_disk_bytes: usize,
-        /// Memory for archived records decoded for readers (bytes): it holds each reader's
-        /// current row groups (up to 8 MiB of records each) and what is read ahead of
-        /// sequential readers (at most half of it). Raise it for many readers replaying at once.
-        #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
-        cache_decoded_bytes: usize,
+        #[command(flatten)]
+        cache: silt::dev::ColdCacheArgs,
         /// Metadata moves this agent's partitions to another agent when it has not heartbeated
         /// for this long (0.5s to 10m).
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -430,25 +412,8 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Cmd::Dev {
-            data_dir,
-            listen,
-            object_store,
-            cache_memory_bytes,
-            cache_disk_bytes,
-            cache_decoded_bytes,
-            agents,
-        } => {
-            silt::dev::run(silt::dev::DevConfig {
-                data_dir,
-                listen,
-                object_store,
-                cache_memory_bytes,
-                cache_disk_bytes,
-                cache_decoded_bytes,
-                agents,
-            })
-            .await
+        Cmd::Dev { data_dir, listen, object_store, cache, agents } => {
+            silt::dev::run(silt::dev::DevConfig { data_dir, listen, object_store, cache, agents }).await
         }
         Cmd::Agent {
             id,
@@ -457,9 +422,7 @@ async fn run(cli: Cli) -> Result<()> {
             metadata,
             data_dir,
             object_store,
-            cache_memory_bytes,
-            cache_disk_bytes,
-            cache_decoded_bytes,
+            cache,
             lease,
             no_compactor,
             default_replication_factor,
@@ -472,9 +435,7 @@ async fn run(cli: Cli) -> Result<()> {
                 metadata,
                 data_dir,
                 object_store,
-                cache_memory_bytes,
-                cache_disk_bytes,
-                cache_decoded_bytes,
+                cache,
                 lease,
                 compactor: !no_compactor,
                 default_replication_factor,
