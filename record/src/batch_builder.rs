@@ -99,7 +99,10 @@ pub fn encode_batch(records: &[NewRecord]) -> Result<Bytes, RecordError> {
 /// [`RecordError::Corrupt`] if the offsets do not increase, and
 /// [`RecordError::BatchTooLarge`] if one record cannot be encoded at all.
 pub fn encode_records(records: &[Record], max_batch_bytes: usize) -> Result<Bytes, RecordError> {
-    let mut buf = BytesMut::new();
+    // Plan every batch first, so the answer is allocated once at its full size.
+    let mut batches = Vec::new();
+    let mut sizes = Vec::with_capacity(records.len());
+    let mut total = 0usize;
     let mut start = 0;
     while start < records.len() {
         let first = &records[start];
@@ -117,20 +120,28 @@ pub fn encode_records(records: &[Record], max_batch_bytes: usize) -> Result<Byte
                 }
                 break;
             }
-            let grown = size.saturating_add(
-                record_size(r, r.timestamp_ms.wrapping_sub(first.timestamp_ms), end - start).total,
-            );
+            let record = record_size(r, r.timestamp_ms.wrapping_sub(first.timestamp_ms), end - start);
+            let grown = size.saturating_add(record.total);
             if end > start && grown > max_batch_bytes {
                 break;
             }
+            sizes.push(record);
             size = grown;
             end += 1;
         }
-        encode(&mut buf, first.offset, &records[start..end])?;
+        batches.push(start..end);
+        total = total.saturating_add(size);
         start = end;
+    }
+    let mut buf = BytesMut::with_capacity(total.min(MAX_ENCODE_RESERVE_BYTES));
+    for batch in batches {
+        encode_sized(&mut buf, records[batch.start].offset, &records[batch.clone()], &sizes[batch])?;
     }
     Ok(buf.freeze())
 }
+
+/// Most that [`encode_records`] reserves up front; larger answers grow as they are written.
+const MAX_ENCODE_RESERVE_BYTES: usize = 256 * 1024 * 1024;
 
 /// What the encoder reads of a record: [`NewRecord`]s and stored [`Record`]s alike.
 trait Fields {
@@ -163,15 +174,25 @@ impl_fields!(NewRecord, Record);
 
 /// Appends one batch of `records` to `buf`, with offset deltas `0..n` from `base_offset`.
 fn encode(buf: &mut BytesMut, base_offset: u64, records: &[impl Fields]) -> Result<(), RecordError> {
-    let first = records.first().ok_or(RecordError::EmptyBatch)?;
-    let base_timestamp = first.timestamp_ms();
-    let max_timestamp = records.iter().map(Fields::timestamp_ms).max().unwrap_or(base_timestamp);
-
+    let base_timestamp = records.first().ok_or(RecordError::EmptyBatch)?.timestamp_ms();
     let sizes: Vec<RecordSize> = records
         .iter()
         .enumerate()
         .map(|(i, r)| record_size(r, r.timestamp_ms().wrapping_sub(base_timestamp), i))
         .collect();
+    encode_sized(buf, base_offset, records, &sizes)
+}
+
+/// [`encode`] with each record's size computed already (relative to the first record).
+fn encode_sized(
+    buf: &mut BytesMut,
+    base_offset: u64,
+    records: &[impl Fields],
+    sizes: &[RecordSize],
+) -> Result<(), RecordError> {
+    let first = records.first().ok_or(RecordError::EmptyBatch)?;
+    let base_timestamp = first.timestamp_ms();
+    let max_timestamp = records.iter().map(Fields::timestamp_ms).max().unwrap_or(base_timestamp);
     let total = sizes.iter().fold(BATCH_HEADER_BYTES, |acc, s| acc.saturating_add(s.total));
     let too_large = RecordError::BatchTooLarge { size: total, max: MAX_BATCH_BYTES };
     if total > MAX_BATCH_BYTES {
@@ -202,7 +223,7 @@ fn encode(buf: &mut BytesMut, base_offset: u64, records: &[impl Fields]) -> Resu
     buf.put_i32(-1); // baseSequence
     buf.put_i32(count);
 
-    for ((offset_delta, record), size) in records.iter().enumerate().zip(&sizes) {
+    for ((offset_delta, record), size) in records.iter().enumerate().zip(sizes) {
         put_len(buf, size.body);
         buf.put_i8(0); // record attributes, unused
         varint::put_varlong(buf, record.timestamp_ms().wrapping_sub(base_timestamp));
