@@ -301,6 +301,11 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         }
     }
     agent.shutdown().await;
+    // The cold-read cache writes what it holds in memory to its disk tier as it closes: done
+    // here, while the runtime still runs its tasks, rather than cut off when the runtime stops.
+    if let Err(e) = cold.close().await {
+        warn!(error = %e, "closing the cold-read cache failed; it starts cold next time");
+    }
     Ok(())
 }
 
