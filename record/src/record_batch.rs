@@ -591,7 +591,10 @@ impl<'a> Cursor<'a> {
 
     /// A length-prefixed byte string where length -1 means null.
     fn nullable_bytes(&mut self, index: u32, what: &str) -> Result<Option<Bytes>, RecordError> {
-        let len = self.varint(index, &format!("{what} length"))?;
+        // The error context is formatted only on error: this runs for every key and value.
+        let (len, read) =
+            varint::get_varint(self.rest()).map_err(|e| corrupt(index, format!("{what} length: {e}")))?;
+        self.position += read;
         if len == -1 {
             return Ok(None);
         }
