@@ -45,6 +45,10 @@ pub const ACK_IDS_MAX: usize = 100_000;
 pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Bytes read from a partition per step of a poll or replay.
 const READ_BYTES_STEP: usize = 1024 * 1024;
+/// Bytes of keys, values and headers one poll or replay page returns unless it asks otherwise.
+pub const READ_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+/// Most bytes of keys, values and headers one poll or replay page may ask for.
+pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Most records one read of another agent's replica asks for.
 const REPLAY_STEP: u64 = 10_000;
 /// How often dirty ack state is checkpointed to metadata.
@@ -172,6 +176,8 @@ pub struct PollRequest {
     pub mode: GroupMode,
     /// Most messages to return.
     pub max: u32,
+    /// Most bytes of keys, values and headers to return (the first message whatever its size).
+    pub max_bytes: usize,
     /// Longest to wait for one.
     pub timeout: Duration,
     /// The member loses its partitions after this long without a poll.
@@ -305,17 +311,90 @@ fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
 
 /// Reads up to `want` records of a local log from `offset` on the blocking pool. Returns the
 /// records, where the next read starts, the log's end, and the batch bytes read.
+/// How much one read (a replay page, or one partition's part of a poll) may return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimit {
+    /// Most records.
+    pub records: usize,
+    /// Most bytes of keys, values and headers.
+    pub bytes: usize,
+    /// The first record is returned whatever its size, so that a message larger than `bytes`
+    /// is delivered alone rather than never. Off for the later partitions of a poll that has
+    /// messages already.
+    pub at_least_one: bool,
+}
+
+impl ReadLimit {
+    /// At most `records` records and `bytes` bytes, and always the first record.
+    pub fn new(records: usize, bytes: usize) -> Self {
+        Self { records, bytes, at_least_one: true }
+    }
+
+    /// Whether a read that holds `taken` records of `used` bytes has room for `record`.
+    fn admits(&self, taken: usize, used: usize, record: &Record) -> bool {
+        taken < self.records
+            && ((taken == 0 && self.at_least_one) || used.saturating_add(record_bytes(record)) <= self.bytes)
+    }
+
+    /// Whether nothing more may be read.
+    fn is_spent(&self) -> bool {
+        self.records == 0 || (self.bytes == 0 && !self.at_least_one)
+    }
+
+    /// What is left of this limit once `taken` records of `used` bytes are read.
+    fn rest(&self, taken: usize, used: usize) -> Self {
+        Self {
+            records: self.records.saturating_sub(taken),
+            bytes: self.bytes.saturating_sub(used),
+            at_least_one: self.at_least_one && taken == 0,
+        }
+    }
+}
+
+/// Refuses a `max_bytes` outside 1..=[`READ_BYTES_MAX`].
+pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
+    if max_bytes == 0 || max_bytes > READ_BYTES_MAX {
+        return Err(ApiError::bad_request(
+            "invalid_max_bytes",
+            format!("max_bytes must be between 1 and {READ_BYTES_MAX}, got {max_bytes}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of a record that count against a [`ReadLimit`]: its key, value and headers.
+pub fn record_bytes(record: &Record) -> usize {
+    let headers: usize =
+        record.headers.iter().map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len)).sum();
+    record.key.as_ref().map_or(0, Bytes::len) + record.value.as_ref().map_or(0, Bytes::len) + headers
+}
+
+/// Moves records of `got` to the end of `out` while `limit` has room for them (`used` is the
+/// bytes `out` holds, kept up to date). Returns whether a record was left out or the limit's
+/// record count is reached.
+fn fill(out: &mut Vec<Record>, used: &mut usize, got: Vec<Record>, limit: &ReadLimit) -> bool {
+    for record in got {
+        if !limit.admits(out.len(), *used, &record) {
+            return true;
+        }
+        *used += record_bytes(&record);
+        out.push(record);
+    }
+    out.len() >= limit.records
+}
+
 async fn read_hot(
     reader: Arc<PartitionReader>,
     offset: u64,
-    want: usize,
+    limit: ReadLimit,
 ) -> Result<(Vec<Record>, u64, u64, usize), ApiError> {
     tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let mut records = Vec::new();
         let mut next = offset;
         let mut bytes = 0usize;
+        let mut used = 0usize;
         let mut hwm = reader.high_watermark();
-        while records.len() < want {
+        'read: while records.len() < limit.records {
             let r = reader.read(next, READ_BYTES_STEP)?;
             hwm = r.high_watermark;
             if r.batches.is_empty() {
@@ -324,15 +403,18 @@ async fn read_hot(
             for batch in &r.batches {
                 bytes += batch.len_bytes();
                 for record in batch.records() {
-                    if record.offset >= next && records.len() < want {
-                        next = record.offset + 1;
-                        records.push(record);
+                    if record.offset < next {
+                        continue;
                     }
+                    if !limit.admits(records.len(), used, &record) {
+                        break 'read;
+                    }
+                    used += record_bytes(&record);
+                    next = record.offset + 1;
+                    records.push(record);
                 }
             }
-            if records.len() < want {
-                next = next.max(r.next_offset);
-            }
+            next = next.max(r.next_offset);
         }
         Ok((records, next, hwm, bytes))
     })
@@ -981,7 +1063,12 @@ impl Agent {
             Target::Local(handle) => Ok(handle.reader().high_watermark()),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
-                Ok(self.inner.peers.read(peer, topic, partition, u64::MAX, 1).await?.high_watermark)
+                Ok(self
+                    .inner
+                    .peers
+                    .read(peer, topic, partition, u64::MAX, ReadLimit::new(1, 1))
+                    .await?
+                    .high_watermark)
             }
         }
     }
@@ -1155,42 +1242,48 @@ impl Agent {
 
     /// Reads records of one partition from `offset` without touching any group: archived
     /// offsets from the bucket through the cold reader, the rest from the local log, as one
-    /// stream. Offsets deleted by retention are skipped.
+    /// stream, as much as `limit` allows. Offsets deleted by retention are skipped.
     pub async fn read(
         &self,
         topic: &str,
         partition: u32,
         offset: u64,
-        max_records: usize,
+        limit: ReadLimit,
         forwarded: bool,
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
+        let limit = ReadLimit { records: limit.records.max(1), ..limit };
         let reader = match self.target(topic, partition, forwarded).await? {
             Target::Local(handle) => Arc::clone(handle.reader()),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 self.count_forwarded("read");
-                let page = self.inner.peers.read(peer, topic, partition, offset, max_records).await?;
-                return Ok((page.records, page.next_offset, page.high_watermark));
+                let page = self.inner.peers.read(peer, topic, partition, offset, limit).await?;
+                // The writer returns its first record whatever its size; this read may not.
+                let (mut records, mut used) = (Vec::new(), 0);
+                if fill(&mut records, &mut used, page.records, &limit) {
+                    let next = records.last().map_or(offset, |r| r.offset + 1);
+                    return Ok((records, next, page.high_watermark));
+                }
+                return Ok((records, page.next_offset, page.high_watermark));
             }
         };
-        let max_records = max_records.max(1);
         let mut records = Vec::new();
+        let mut used = 0usize;
         let mut next = offset;
         // Cold part: offsets below what this agent holds locally.
         let labels = Metrics::topic(topic);
         let mut refreshed = false;
         let mut attempts = 0;
         loop {
-            while records.len() < max_records && !reader.holds(next) {
+            let mut full = false;
+            while !full && !reader.holds(next) {
                 let Some(part) = self.partition_meta(topic, partition) else { break };
                 let location = locate(&part, next);
+                let rest = limit.rest(records.len(), used);
                 if let Location::Hot { base_offset } = location {
                     // Written before this agent took the partition over, not archived yet.
                     let Some(seg) = part.segments.get(&base_offset) else { break };
-                    let got = match self
-                        .read_elsewhere(topic, partition, next, max_records - records.len(), &seg.ensemble)
-                        .await
-                    {
+                    let got = match self.read_elsewhere(topic, partition, next, rest, &seg.ensemble).await {
                         Ok(got) => got,
                         // The holders may have dropped it because it is archived by now, which this
                         // agent's metadata copy does not show yet: catch up once and look again.
@@ -1201,31 +1294,42 @@ impl Agent {
                         }
                         Err(e) => return Err(e),
                     };
-                    let Some(last) = got.last() else { break };
-                    next = last.offset + 1;
-                    records.extend(got);
+                    if got.is_empty() {
+                        break;
+                    }
+                    let before = records.len();
+                    full = fill(&mut records, &mut used, got, &limit);
+                    if let Some(last) = records[before..].last() {
+                        next = last.offset + 1;
+                    }
                     continue;
                 }
                 let Some(cold) = &self.inner.cold else { break };
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
                         let got = cold
-                            .read(&object_key, object_bytes, next, max_records - records.len())
+                            .read(&object_key, object_bytes, next, rest.records)
                             .await
                             .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
-                        next = got.last().map_or(last_offset + 1, |r| r.offset + 1);
-                        records.extend(got);
+                        if got.is_empty() {
+                            next = last_offset + 1;
+                            continue;
+                        }
+                        let before = records.len();
+                        full = fill(&mut records, &mut used, got, &limit);
+                        if let Some(last) = records[before..].last() {
+                            next = last.offset + 1;
+                        }
                     }
                     Location::Gone { earliest } if earliest > next => next = earliest,
                     _ => break,
                 }
             }
-            if records.len() >= max_records {
+            if full {
                 self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
                 return Ok((records, next, reader.high_watermark()));
             }
-            let want = max_records - records.len();
-            match read_hot(Arc::clone(&reader), next, want).await {
+            match read_hot(Arc::clone(&reader), next, limit.rest(records.len(), used)).await {
                 Ok((hot, next, hwm, bytes)) => {
                     records.extend(hot);
                     self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
@@ -1270,7 +1374,9 @@ impl Agent {
             let others: Vec<String> = ensemble.into_iter().filter(|a| *a != me).collect();
             while next <= last_offset {
                 let want = (last_offset - next + 1).min(REPLAY_STEP) as usize;
-                let got = self.read_elsewhere(topic, partition, next, want, &others).await?;
+                let got = self
+                    .read_elsewhere(topic, partition, next, ReadLimit::new(want, READ_BYTES_DEFAULT), &others)
+                    .await?;
                 let Some(last) = got.last() else { break };
                 next = last.offset + 1;
                 records.extend(got.into_iter().filter(|r| r.offset <= last_offset));
@@ -1328,7 +1434,7 @@ impl Agent {
         topic: &str,
         partition: u32,
         offset: u64,
-        max_records: usize,
+        limit: ReadLimit,
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
         let reader = self.local_reader(topic, partition).ok_or_else(|| {
             ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
@@ -1353,8 +1459,8 @@ impl Agent {
                 "offset {offset} of {topic}/{partition} is not committed in a segment this agent holds; read it from the partition's writer"
             )));
         };
-        let want = max_records.max(1).min((last - offset + 1) as usize);
-        let (records, next, hwm, _) = read_hot(reader, offset, want).await?;
+        let want = limit.records.max(1).min((last - offset + 1) as usize);
+        let (records, next, hwm, _) = read_hot(reader, offset, ReadLimit { records: want, ..limit }).await?;
         if records.is_empty() {
             return Err(ApiError::unavailable(format!(
                 "this agent's replica of {topic}/{partition} does not hold offset {offset}"
@@ -1681,12 +1787,12 @@ impl Agent {
         topic: &str,
         partition: u32,
         offset: u64,
-        max_records: usize,
+        limit: ReadLimit,
         ensemble: &[String],
     ) -> Result<Vec<Record>, ApiError> {
         let me = self.inner.config.agent_id.as_str();
         if ensemble.iter().any(|a| a == me) {
-            if let Ok((records, _, _)) = self.read_held(topic, partition, offset, max_records).await {
+            if let Ok((records, _, _)) = self.read_held(topic, partition, offset, limit).await {
                 if !records.is_empty() {
                     return Ok(records);
                 }
@@ -1702,7 +1808,7 @@ impl Agent {
                 continue;
             };
             self.count_forwarded("read");
-            match self.inner.peers.read_held((agent, &addr), topic, partition, offset, max_records).await {
+            match self.inner.peers.read_held((agent, &addr), topic, partition, offset, limit).await {
                 Ok(page) => return Ok(page.records),
                 Err(e) => last = e,
             }
@@ -2048,6 +2154,7 @@ impl Agent {
                 format!("max must be between 1 and {POLL_MAX}, got {}", req.max),
             ));
         }
+        check_max_bytes(req.max_bytes)?;
         if req.timeout > POLL_TIMEOUT_MAX {
             return Err(ApiError::bad_request(
                 "invalid_timeout",
@@ -2115,10 +2222,12 @@ impl Agent {
         if let Some(e) = unavailable.filter(|_| local.is_empty() && remote.is_empty()) {
             return Err(e);
         }
-        let mut delivered = self.collect(req, topic, &local).await?;
+        let budget = ReadLimit::new(req.max as usize, req.max_bytes);
+        let mut delivered = self.collect(req, topic, &local, budget).await?;
         for ((agent, addr), partitions) in &remote {
-            let left = req.max as usize - delivered.len().min(req.max as usize);
-            if left == 0 {
+            let used: usize = delivered.iter().map(|d| record_bytes(&d.record)).sum();
+            let rest = budget.rest(delivered.len(), used);
+            if rest.is_spent() {
                 break;
             }
             let ask = CollectRequest {
@@ -2126,7 +2235,9 @@ impl Agent {
                 member: req.member.clone(),
                 mode: req.mode,
                 partitions: partitions.clone(),
-                max: left as u32,
+                max: rest.records as u32,
+                max_bytes: rest.bytes,
+                at_least_one: rest.at_least_one,
             };
             self.count_forwarded("collect");
             match self.inner.peers.collect((agent, addr), &req.topic, &ask).await {
@@ -2155,6 +2266,12 @@ impl Agent {
                 format!("max must be between 1 and {POLL_MAX}"),
             ));
         }
+        if ask.max_bytes > READ_BYTES_MAX {
+            return Err(ApiError::bad_request(
+                "invalid_max_bytes",
+                format!("max_bytes may be at most {READ_BYTES_MAX}"),
+            ));
+        }
         let t = self.topic(topic).await?;
         let req = PollRequest {
             topic: topic.to_string(),
@@ -2162,10 +2279,13 @@ impl Agent {
             member: ask.member,
             mode: ask.mode,
             max: ask.max,
+            max_bytes: ask.max_bytes,
             timeout: Duration::ZERO,
             session_timeout: SESSION_TIMEOUT_MAX,
         };
-        let delivered = self.collect(&req, &t, &ask.partitions).await?;
+        let budget =
+            ReadLimit { records: ask.max as usize, bytes: ask.max_bytes, at_least_one: ask.at_least_one };
+        let delivered = self.collect(&req, &t, &ask.partitions, budget).await?;
         Ok(delivered.iter().map(|d| WireRecord::new(d.partition, &d.record, d.delivery)).collect())
     }
 
@@ -2240,13 +2360,16 @@ impl Agent {
         GroupCursor::from_checkpoint(topic.id, floor, &acked, log_start)
     }
 
+    /// Delivers what `budget` allows from `partitions` (all written here) to a member.
     async fn collect(
         &self,
         req: &PollRequest,
         topic: &Topic,
         partitions: &[u32],
+        budget: ReadLimit,
     ) -> Result<Vec<Delivered>, ApiError> {
-        let max = req.max as usize;
+        let max = budget.records;
+        let mut used = 0usize;
         let visibility_ms = topic.config.visibility_timeout_ms;
         let mut out: Vec<Delivered> = Vec::new();
         if partitions.is_empty() {
@@ -2255,7 +2378,8 @@ impl Agent {
         let start = self.inner.spread.fetch_add(1, Ordering::Relaxed) as usize % partitions.len();
         let order: Vec<u32> = partitions.iter().cycle().skip(start).take(partitions.len()).copied().collect();
         for &p in &order {
-            if out.len() >= max {
+            let rest = budget.rest(out.len(), used);
+            if rest.is_spent() {
                 break;
             }
             let handle = self.partition(&req.topic, p).await?;
@@ -2287,6 +2411,7 @@ impl Agent {
                 match e {
                     Expired::Redeliver { offset, deliveries } => {
                         if let Some(record) = self.read_one(&req.topic, p, offset).await? {
+                            used += record_bytes(&record);
                             out.push(Delivered { partition: p, record, delivery: deliveries });
                         }
                     }
@@ -2299,7 +2424,11 @@ impl Agent {
             if out.len() >= max || next_offset >= reader.high_watermark() {
                 continue;
             }
-            let (records, _, _) = self.read(&req.topic, p, next_offset, max - out.len(), true).await?;
+            let rest = budget.rest(out.len(), used);
+            if rest.is_spent() {
+                continue;
+            }
+            let (records, _, _) = self.read(&req.topic, p, next_offset, rest, true).await?;
             // Phase 3: deliver what nobody else took meanwhile.
             let mut cursors = lock(&self.inner.cursors);
             let Some(cursor) = cursors.get_mut(&key) else { continue };
@@ -2317,6 +2446,7 @@ impl Agent {
                 }
                 cursor.skip_to(record.offset);
                 cursor.deliver(record.offset, deadline);
+                used += record_bytes(&record);
                 out.push(Delivered { partition: p, record, delivery: 1 });
             }
         }
@@ -2324,7 +2454,7 @@ impl Agent {
     }
 
     async fn read_one(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>, ApiError> {
-        let (records, _, _) = self.read(topic, partition, offset, 1, true).await?;
+        let (records, _, _) = self.read(topic, partition, offset, ReadLimit::new(1, 1), true).await?;
         Ok(records.into_iter().find(|r| r.offset == offset))
     }
 
@@ -2570,5 +2700,75 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(offset: u64, value_bytes: usize) -> Record {
+        Record {
+            offset,
+            timestamp_ms: 0,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from(vec![b'v'; value_bytes])),
+            headers: vec![silt_record::Header { key: "h".into(), value: Some(Bytes::from_static(b"hv")) }],
+        }
+    }
+
+    fn offsets(records: &[Record]) -> Vec<u64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
+    #[test]
+    fn a_record_counts_its_key_value_and_headers() {
+        assert_eq!(record_bytes(&record(0, 10)), 1 + 10 + 1 + 2);
+        let empty = Record { offset: 0, timestamp_ms: 0, key: None, value: None, headers: Vec::new() };
+        assert_eq!(record_bytes(&empty), 0);
+    }
+
+    #[test]
+    fn fill_stops_at_the_byte_limit_and_at_the_record_limit() {
+        let got = || (0..10).map(|o| record(o, 96)).collect::<Vec<_>>(); // 100 bytes each
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(10, 350)));
+        assert_eq!((offsets(&out), used), (vec![0, 1, 2], 300));
+        // Exactly at the limit still fits.
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(10, 300)));
+        assert_eq!(offsets(&out), vec![0, 1, 2]);
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(2, 10_000)));
+        assert_eq!(offsets(&out), vec![0, 1]);
+        // Room for more: not full.
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(!fill(&mut out, &mut used, got(), &ReadLimit::new(20, 10_000)));
+        assert_eq!(out.len(), 10);
+    }
+
+    #[test]
+    fn the_first_record_comes_whatever_its_size_unless_the_read_may_come_back_empty() {
+        let big = || vec![record(0, 1_000_000), record(1, 10)];
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(fill(&mut out, &mut used, big(), &ReadLimit::new(10, 100)));
+        assert_eq!(offsets(&out), vec![0]);
+        let later = ReadLimit { at_least_one: false, ..ReadLimit::new(10, 100) };
+        let (mut out, mut used) = (Vec::new(), 0);
+        assert!(fill(&mut out, &mut used, big(), &later));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn what_is_left_of_a_limit_carries_on_across_reads() {
+        let limit = ReadLimit::new(10, 1000);
+        let rest = limit.rest(3, 400);
+        assert_eq!(rest, ReadLimit { records: 7, bytes: 600, at_least_one: false });
+        assert!(!rest.is_spent());
+        assert!(limit.rest(3, 1000).is_spent());
+        assert!(limit.rest(10, 0).is_spent());
+        // Nothing read yet: the first record still comes whatever the bytes left.
+        assert!(!ReadLimit::new(10, 0).is_spent());
+        assert_eq!(limit.rest(0, 0), limit);
     }
 }

@@ -16,7 +16,10 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::{GroupMode, Topic};
 use silt_record::{Header, MessageId, Record};
 
-use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
+use crate::agent::{
+    check_max_bytes, Agent, Delivered, PollRequest, ProduceMessage, ReadLimit, READ_BYTES_DEFAULT,
+    READ_BYTES_MAX,
+};
 use crate::error::ApiError;
 use crate::peer::{
     CollectRequest, RecordPage, ReplicaTarget, WireRecord, FORWARDED_HEADER, HIGH_WATERMARK_HEADER,
@@ -323,10 +326,16 @@ struct ReplayParams {
     from_time: Option<i64>,
     #[serde(default = "replay_default_max")]
     max: usize,
+    #[serde(default = "read_bytes_default")]
+    max_bytes: usize,
 }
 
 fn replay_default_max() -> usize {
     1000
+}
+
+fn read_bytes_default() -> usize {
+    READ_BYTES_DEFAULT
 }
 
 /// What a replay asks for, checked; the records from there.
@@ -344,6 +353,7 @@ async fn replay_page(
             format!("max must be between 1 and {REPLAY_MAX}, got {}", p.max),
         ));
     }
+    check_max_bytes(p.max_bytes)?;
     let from = match (p.from_offset, p.from_time) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("invalid_query", "give from_offset or from_time, not both"));
@@ -352,7 +362,8 @@ async fn replay_page(
         (None, Some(t)) => agent.offset_for_time(topic, partition, t, forwarded).await?,
         (None, None) => 0,
     };
-    let (records, next_offset, high_watermark) = agent.read(topic, partition, from, p.max, forwarded).await?;
+    let limit = ReadLimit::new(p.max, p.max_bytes);
+    let (records, next_offset, high_watermark) = agent.read(topic, partition, from, limit, forwarded).await?;
     Ok(RecordPage { records, next_offset, high_watermark })
 }
 
@@ -402,6 +413,8 @@ fn batches_response(page: &RecordPage) -> ApiResult<Response> {
 struct PeerReadParams {
     from_offset: u64,
     max: usize,
+    #[serde(default = "read_bytes_default")]
+    max_bytes: usize,
 }
 
 /// Another agent (or the compactor) reads what this agent holds locally of a partition,
@@ -412,8 +425,9 @@ async fn peer_read_held(
     params: Result<Query<PeerReadParams>, QueryRejection>,
 ) -> ApiResult<Response> {
     let p = query(params)?;
+    let limit = ReadLimit::new(p.max.clamp(1, REPLAY_MAX), p.max_bytes.clamp(1, READ_BYTES_MAX));
     let (records, next_offset, high_watermark) =
-        agent.read_held(&topic, partition, p.from_offset, p.max.clamp(1, REPLAY_MAX)).await?;
+        agent.read_held(&topic, partition, p.from_offset, limit).await?;
     batches_response(&RecordPage { records, next_offset, high_watermark })
 }
 
@@ -578,6 +592,8 @@ struct PollJson {
     mode: GroupMode,
     #[serde(default = "default_poll_max")]
     max: u32,
+    #[serde(default = "read_bytes_default")]
+    max_bytes: usize,
     #[serde(default)]
     timeout_ms: u64,
     #[serde(default = "default_session_ms")]
@@ -610,6 +626,7 @@ async fn poll(
             member: req.member,
             mode: req.mode,
             max: req.max,
+            max_bytes: req.max_bytes,
             timeout: Duration::from_millis(req.timeout_ms),
             session_timeout: Duration::from_millis(req.session_timeout_ms),
         })

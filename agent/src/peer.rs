@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::GroupMode;
 use silt_record::{encode_records, split_batches, Header, Record};
 
-use crate::agent::Delivered;
+use crate::agent::{Delivered, ReadLimit, READ_BYTES_MAX};
 use crate::error::ApiError;
 
 /// Set on a request one agent forwards to another.
@@ -164,6 +164,20 @@ pub struct CollectRequest {
     pub partitions: Vec<u32>,
     /// Most messages.
     pub max: u32,
+    /// Most bytes of keys, values and headers.
+    #[serde(default = "default_read_bytes")]
+    pub max_bytes: usize,
+    /// Whether the first message is delivered whatever its size (the poll has none yet).
+    #[serde(default = "default_true")]
+    pub at_least_one: bool,
+}
+
+fn default_read_bytes() -> usize {
+    crate::agent::READ_BYTES_DEFAULT
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -317,9 +331,9 @@ impl Peers {
         topic: &str,
         partition: u32,
         offset: u64,
-        max: usize,
+        limit: ReadLimit,
     ) -> Result<RecordPage, ApiError> {
-        self.page(agent, &format!("/v1/topics/{topic}/partitions/{partition}/batches"), offset, max).await
+        self.page(agent, &format!("/v1/topics/{topic}/partitions/{partition}/batches"), offset, limit).await
     }
 
     /// Reads records an agent holds in its local log of a partition, whether or not it writes
@@ -330,9 +344,9 @@ impl Peers {
         topic: &str,
         partition: u32,
         offset: u64,
-        max: usize,
+        limit: ReadLimit,
     ) -> Result<RecordPage, ApiError> {
-        self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held"), offset, max)
+        self.page(agent, &format!("/internal/v1/topics/{topic}/partitions/{partition}/held"), offset, limit)
             .await
     }
 
@@ -341,12 +355,15 @@ impl Peers {
         (agent, addr): (&str, &str),
         path: &str,
         offset: u64,
-        max: usize,
+        limit: ReadLimit,
     ) -> Result<RecordPage, ApiError> {
-        let request = self
-            .http
-            .get(Self::url(addr, path))
-            .query(&[("from_offset", offset.to_string()), ("max", max.to_string())]);
+        // The answering agent returns its first record whatever the byte limit; the caller
+        // keeps what its own limit allows.
+        let request = self.http.get(Self::url(addr, path)).query(&[
+            ("from_offset", offset.to_string()),
+            ("max", limit.records.to_string()),
+            ("max_bytes", limit.bytes.clamp(1, READ_BYTES_MAX).to_string()),
+        ]);
         let (headers, body) = self.send_raw(agent, addr, request, PEER_TIMEOUT).await?;
         RecordPage::decode(&headers, body)
             .map_err(|e| ApiError::unavailable(format!("agent '{agent}' at {addr} answered a bad read: {e}")))

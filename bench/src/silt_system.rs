@@ -162,6 +162,7 @@ pub fn start_consumers(
                     member: format!("m{i}"),
                     mode: "exclusive".into(),
                     max,
+                    max_bytes: None,
                     timeout_ms: 500,
                     session_timeout_ms: 30_000,
                 };

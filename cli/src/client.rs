@@ -131,6 +131,10 @@ pub struct Poll {
     pub mode: String,
     /// Most messages.
     pub max: u32,
+    /// Most bytes of keys, values and headers (the agent's default, 8 MiB, when `None`); the
+    /// first message comes back whatever its size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<usize>,
     /// Longest wait.
     pub timeout_ms: u64,
     /// Session timeout.

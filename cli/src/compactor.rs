@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::routing::get;
+use silt_agent::agent::{ReadLimit, READ_BYTES_DEFAULT};
 use silt_agent::peer::Peers;
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};
@@ -103,7 +104,7 @@ impl AgentsOverHttp {
             let want = ((last_offset - next + 1) as usize).min(PAGE_RECORDS);
             let page = self
                 .peers
-                .read_held((agent, addr), topic, partition, next, want)
+                .read_held((agent, addr), topic, partition, next, ReadLimit::new(want, READ_BYTES_DEFAULT))
                 .await
                 .map_err(|e| e.to_string())?;
             if page.records.is_empty() {

@@ -698,6 +698,7 @@ async fn consume(
             member: member.to_string(),
             mode: mode.to_string(),
             max: (max - seen).min(1000) as u32,
+            max_bytes: None,
             timeout_ms: remaining.as_millis().min(30_000) as u64,
             session_timeout_ms: 30_000,
         };

@@ -155,6 +155,7 @@ async fn agents_keep_every_acknowledged_message_and_ack_while_metadata_leaders_a
         member: "m1".into(),
         mode: "exclusive".into(),
         max: 1000,
+        max_bytes: None,
         timeout_ms: 1000,
         session_timeout_ms: 30_000,
     };
@@ -376,6 +377,7 @@ async fn any_agent_serves_produce_replay_poll_and_ack_for_every_partition() {
         member: "w1".into(),
         mode: "shared".into(),
         max: 150,
+        max_bytes: None,
         timeout_ms: 2000,
         session_timeout_ms: 30_000,
     };

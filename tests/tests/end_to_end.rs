@@ -14,6 +14,7 @@ fn poll_req(group: &str, member: &str, mode: &str, max: u32, timeout_ms: u64) ->
         member: member.into(),
         mode: mode.into(),
         max,
+        max_bytes: None,
         timeout_ms,
         session_timeout_ms: 10_000,
     }
@@ -749,4 +750,92 @@ async fn a_client_built_record_batch_is_stored_as_sent() {
             "{topic} {from_offset:?} {from_time:?} {max}: {err}"
         );
     }
+}
+
+/// Value bytes of a page of messages (they have no key and no headers here).
+fn value_bytes(messages: &[Message]) -> usize {
+    messages.iter().map(|m| m.value.as_ref().map_or(0, String::len)).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_and_poll_pages_stay_within_max_bytes() {
+    let dev = SiltDev::start();
+    let client = dev.client();
+    create(&client, "big", 1, &[]).await;
+    // 40 messages of 100,000 bytes, then one of 900,000 (under max.message.bytes).
+    let mut sizes = vec![100_000; 40];
+    sizes.push(900_000);
+    for chunk in sizes.chunks(10) {
+        let messages: Vec<OutMessage> =
+            chunk.iter().map(|&n| OutMessage { value: Some("x".repeat(n)), ..Default::default() }).collect();
+        client.produce("big", &messages).await.expect("produce");
+    }
+    let url = dev.url();
+    let page = |from: u64, max_bytes: usize| async move {
+        let path =
+            format!("/v1/topics/big/partitions/0/messages?from_offset={from}&max=1000&max_bytes={max_bytes}");
+        let (status, body) = raw(url, reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{body}");
+        let messages: Vec<Message> = serde_json::from_value(body["messages"].clone()).expect("messages");
+        (messages, body["next_offset"].as_u64().expect("next_offset"))
+    };
+
+    // A page holds what fits, and continues where it stopped.
+    let (messages, next) = page(0, 350_000).await;
+    assert_eq!(messages.iter().map(|m| m.offset).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(next, 3);
+    // Paging through the partition returns every message once, in order, each page within the
+    // limit unless it holds a single message larger than it.
+    let (mut from, mut offsets) = (0, Vec::new());
+    loop {
+        let (messages, next) = page(from, 350_000).await;
+        if messages.is_empty() {
+            break;
+        }
+        assert!(messages.len() == 1 || value_bytes(&messages) <= 350_000, "{} bytes", value_bytes(&messages));
+        offsets.extend(messages.iter().map(|m| m.offset));
+        from = next;
+    }
+    assert_eq!(offsets, (0..41).collect::<Vec<u64>>());
+    // A message larger than the limit comes back alone rather than never.
+    let (messages, next) = page(40, 350_000).await;
+    assert_eq!((messages.len(), value_bytes(&messages), next), (1, 900_000, 41));
+    let (messages, _) = page(0, 1).await;
+    assert_eq!(messages.len(), 1);
+    // The default is 8 MiB: all 41 messages (4.9 MB) in one page.
+    let replayed = client.replay("big", 0, Some(0), None, 1000).await.expect("replay");
+    assert_eq!(replayed.messages.len(), 41);
+
+    // Polls stay within their max_bytes too, and deliver everything exactly once.
+    let mut delivered = HashSet::new();
+    while delivered.len() < 41 {
+        let poll = Poll { max_bytes: Some(250_000), ..poll_req("g", "m", "exclusive", 1000, 5000) };
+        let got = client.poll("big", &poll).await.expect("poll");
+        assert!(!got.is_empty(), "poll timed out at {} of 41", delivered.len());
+        assert!(got.len() == 1 || value_bytes(&got) <= 250_000, "{} bytes", value_bytes(&got));
+        let ids: Vec<String> = got.iter().map(|m| m.id.clone()).collect();
+        client.ack("g", &ids).await.expect("ack");
+        for m in &got {
+            assert!(delivered.insert(m.offset), "offset {} delivered twice", m.offset);
+        }
+    }
+
+    // A max_bytes out of range is refused, and changes nothing.
+    for path in [
+        "/v1/topics/big/partitions/0/messages?max_bytes=0".to_string(),
+        format!("/v1/topics/big/partitions/0/messages?max_bytes={}", 64 * 1024 * 1024 + 1),
+        "/v1/topics/big/partitions/0/batches?max_bytes=0".to_string(),
+    ] {
+        let (status, body) = raw(url, reqwest::Method::GET, &path, None).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_max_bytes")),
+            "{path}: {body}"
+        );
+    }
+    let (status, body) =
+        raw(url, reqwest::Method::POST, "/v1/topics/big/poll", Some(r#"{"group":"g2","max_bytes":0}"#)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_max_bytes")), "{body}");
+    let lag = client.describe_group("g2").await;
+    assert!(lag.is_err(), "the refused poll created group g2: {lag:?}");
 }

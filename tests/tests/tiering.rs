@@ -320,11 +320,23 @@ async fn round_trip(backend_kind: Backend, faults: bool) {
             member: "m".into(),
             mode: "exclusive".into(),
             max: 5000,
+            max_bytes: Some(300_000),
             timeout_ms: 5000,
             session_timeout_ms: 30_000,
         };
         let batch = client.poll(TOPIC, &poll).await.expect("poll");
         assert!(!batch.is_empty(), "poll timed out at {} of {count}", consumed.len());
+        // Polls of archived data stay within their max_bytes.
+        let bytes: usize = batch
+            .iter()
+            .map(as_expected)
+            .map(|e| {
+                e.key.map_or(0, |k| k.len())
+                    + e.value.len()
+                    + e.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            })
+            .sum();
+        assert!(bytes <= 300_000, "a poll returned {bytes} bytes");
         let ids: Vec<String> = batch.iter().map(|m| m.id.clone()).collect();
         client.ack("late-joiner", &ids).await.expect("ack");
         for m in &batch {
