@@ -1283,7 +1283,10 @@ impl Agent {
                 if let Location::Hot { base_offset } = location {
                     // Written before this agent took the partition over, not archived yet.
                     let Some(seg) = part.segments.get(&base_offset) else { break };
-                    let got = match self.read_elsewhere(topic, partition, next, rest, &seg.ensemble).await {
+                    // At least one record, so that an empty answer means there is nothing
+                    // there: whether it fits is for `fill` to say.
+                    let ask = ReadLimit { at_least_one: true, ..rest };
+                    let got = match self.read_elsewhere(topic, partition, next, ask, &seg.ensemble).await {
                         Ok(got) => got,
                         // The holders may have dropped it because it is archived by now, which this
                         // agent's metadata copy does not show yet: catch up once and look again.
