@@ -292,7 +292,9 @@ fn split(bytes: Option<Bytes>) -> (Option<String>, Option<String>) {
     }
 }
 
-fn message_out(topic: &str, partition: u32, record: Record, delivery: Option<u32>) -> MessageOut {
+/// A record as the JSON API shows it: key, value and header values as text when they are UTF-8,
+/// as base64 (`*_b64`) when not. `silt replay` prints the same.
+pub fn message_out(topic: &str, partition: u32, record: Record, delivery: Option<u32>) -> MessageOut {
     let (key, key_b64) = split(record.key);
     let (value, value_b64) = split(record.value);
     MessageOut {

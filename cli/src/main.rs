@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use silt::client::{Client, HeaderOut, OutMessage, Poll};
+use silt_agent::api::{message_out, REPLAY_MAX};
 use tokio::io::AsyncBufReadExt;
 
 #[derive(Parser)]
@@ -748,15 +749,19 @@ async fn replay(
     let mut left = max.unwrap_or(u64::MAX);
     let mut stdout = std::io::stdout().lock();
     let mut total = 0u64;
+    // Record batches rather than the JSON replay: the agent does no JSON, and the lines printed
+    // are what the JSON replay would show.
+    let page_max = |left: u64| left.min(REPLAY_MAX as u64) as usize;
     for p in partitions {
-        let mut page = client.replay(topic, p, from_offset, from_time_ms, left.min(1000) as usize).await?;
+        let mut page = client.read_batches(topic, p, from_offset, from_time_ms, page_max(left)).await?;
         let end = page.high_watermark;
         loop {
-            for m in &page.messages {
-                writeln!(stdout, "{}", serde_json::to_string(m)?)?;
+            let n = page.records.len() as u64;
+            for record in page.records {
+                writeln!(stdout, "{}", serde_json::to_string(&message_out(topic, p, record, None))?)?;
             }
-            left -= page.messages.len() as u64;
-            total += page.messages.len() as u64;
+            left -= n;
+            total += n;
             if progress {
                 let pct = (page.next_offset.min(end) * 100).checked_div(end).unwrap_or(100);
                 eprint!(
@@ -764,10 +769,10 @@ async fn replay(
                     page.next_offset
                 );
             }
-            if left == 0 || page.messages.is_empty() || page.next_offset >= end {
+            if left == 0 || n == 0 || page.next_offset >= end {
                 break;
             }
-            page = client.replay(topic, p, Some(page.next_offset), None, left.min(1000) as usize).await?;
+            page = client.read_batches(topic, p, Some(page.next_offset), None, page_max(left)).await?;
         }
         stdout.flush()?;
         if left == 0 {

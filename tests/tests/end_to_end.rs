@@ -585,6 +585,18 @@ async fn cli_walkthrough_from_the_readme() {
     // Replay touches no group and sees everything.
     let replayed = silt_cli(&url, &["replay", "orders"], None);
     assert_eq!(replayed.lines().count(), 2);
+    // Each line is the message exactly as the JSON replay shows it, partition after partition.
+    let mut shown = Vec::new();
+    for p in 0..4 {
+        let (status, body) =
+            raw(&url, reqwest::Method::GET, &format!("/v1/topics/orders/partitions/{p}/messages"), None)
+                .await;
+        assert_eq!(status, 200, "{body}");
+        shown.extend(body["messages"].as_array().cloned().unwrap_or_default());
+    }
+    let printed: Vec<serde_json::Value> =
+        replayed.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(printed, shown);
     let describe: serde_json::Value =
         serde_json::from_str(&silt_cli(&url, &["topic", "describe", "orders"], None)).expect("describe json");
     assert_eq!(describe["partitions"].as_array().map(Vec::len), Some(4));
