@@ -333,7 +333,7 @@ impl ReadLimit {
     /// Whether a read that holds `taken` records of `used` bytes has room for `record`.
     fn admits(&self, taken: usize, used: usize, record: &Record) -> bool {
         taken < self.records
-            && ((taken == 0 && self.at_least_one) || used.saturating_add(record_bytes(record)) <= self.bytes)
+            && ((taken == 0 && self.at_least_one) || used.saturating_add(record.data_len()) <= self.bytes)
     }
 
     /// Whether nothing more may be read.
@@ -362,13 +362,6 @@ pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The bytes of a record that count against a [`ReadLimit`]: its key, value and headers.
-pub fn record_bytes(record: &Record) -> usize {
-    let headers: usize =
-        record.headers.iter().map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len)).sum();
-    record.key.as_ref().map_or(0, Bytes::len) + record.value.as_ref().map_or(0, Bytes::len) + headers
-}
-
 /// Moves records of `got` to the end of `out` while `limit` has room for them (`used` is the
 /// bytes `out` holds, kept up to date). Returns whether a record was left out or the limit's
 /// record count is reached.
@@ -377,7 +370,7 @@ fn fill(out: &mut Vec<Record>, used: &mut usize, got: Vec<Record>, limit: &ReadL
         if !limit.admits(out.len(), *used, &record) {
             return true;
         }
-        *used += record_bytes(&record);
+        *used += record.data_len();
         out.push(record);
     }
     out.len() >= limit.records
@@ -409,7 +402,7 @@ async fn read_hot(
                     if !limit.admits(records.len(), used, &record) {
                         break 'read;
                     }
-                    used += record_bytes(&record);
+                    used += record.data_len();
                     next = record.offset + 1;
                     records.push(record);
                 }
@@ -421,6 +414,13 @@ async fn read_hot(
     .await
     .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))?
     .map_err(ApiError::from)
+}
+
+/// Takes back a redelivery a poll picked and did not hand out.
+fn release(cursors: &Mutex<HashMap<CursorKey, GroupCursor>>, key: &CursorKey, offset: u64) {
+    if let Some(cursor) = lock(cursors).get_mut(key) {
+        cursor.release(offset);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1311,7 +1311,7 @@ impl Agent {
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
                         let got = cold
-                            .read(&object_key, object_bytes, next, rest.records)
+                            .read_limited(&object_key, object_bytes, next, rest.records, rest.bytes)
                             .await
                             .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
                         if got.is_empty() {
@@ -2228,7 +2228,7 @@ impl Agent {
         let budget = ReadLimit::new(req.max as usize, req.max_bytes);
         let mut delivered = self.collect(req, topic, &local, budget).await?;
         for ((agent, addr), partitions) in &remote {
-            let used: usize = delivered.iter().map(|d| record_bytes(&d.record)).sum();
+            let used: usize = delivered.iter().map(|d| d.record.data_len()).sum();
             let rest = budget.rest(delivered.len(), used);
             if rest.is_spent() {
                 break;
@@ -2409,13 +2409,25 @@ impl Agent {
                 }
                 (expired, cursor.has_room().then_some(cursor.next_offset()))
             };
-            // Phase 2: read what phase 1 picked, and new messages, without the lock.
+            // Phase 2: read what phase 1 picked, and new messages, without the lock. A message
+            // picked for redelivery that does not fit in what is left of the poll's bytes is
+            // handed back, due again at once, and so is every one picked after it.
+            let mut room = true;
             for e in expired {
                 match e {
                     Expired::Redeliver { offset, deliveries } => {
-                        if let Some(record) = self.read_one(&req.topic, p, offset).await? {
-                            used += record_bytes(&record);
-                            out.push(Delivered { partition: p, record, delivery: deliveries });
+                        let record = if room { self.read_one(&req.topic, p, offset).await? } else { None };
+                        match record {
+                            Some(record) if budget.admits(out.len(), used, &record) => {
+                                used += record.data_len();
+                                out.push(Delivered { partition: p, record, delivery: deliveries });
+                            }
+                            Some(_) => {
+                                room = false;
+                                release(&self.inner.cursors, &key, offset);
+                            }
+                            None if !room => release(&self.inner.cursors, &key, offset),
+                            None => {}
                         }
                     }
                     Expired::DeadLetter { offset, deliveries } => {
@@ -2449,7 +2461,7 @@ impl Agent {
                 }
                 cursor.skip_to(record.offset);
                 cursor.deliver(record.offset, deadline);
-                used += record_bytes(&record);
+                used += record.data_len();
                 out.push(Delivered { partition: p, record, delivery: 1 });
             }
         }
@@ -2726,9 +2738,9 @@ mod tests {
 
     #[test]
     fn a_record_counts_its_key_value_and_headers() {
-        assert_eq!(record_bytes(&record(0, 10)), 1 + 10 + 1 + 2);
+        assert_eq!(record(0, 10).data_len(), 1 + 10 + 1 + 2);
         let empty = Record { offset: 0, timestamp_ms: 0, key: None, value: None, headers: Vec::new() };
-        assert_eq!(record_bytes(&empty), 0);
+        assert_eq!(empty.data_len(), 0);
     }
 
     #[test]

@@ -159,6 +159,15 @@ impl GroupCursor {
         Some(f.deliveries)
     }
 
+    /// Takes back a [`redeliver`](Self::redeliver) whose message was not handed out after all
+    /// (the poll ran out of room): it counts no delivery and is due again at once.
+    pub fn release(&mut self, offset: u64) {
+        if let Some(f) = self.in_flight.get_mut(&offset) {
+            f.deliveries = f.deliveries.saturating_sub(1).max(1);
+            f.deadline_ms = 0;
+        }
+    }
+
     /// Whether `offset` is the next new message to deliver (or lies in a gap before it).
     pub fn wants(&self, offset: u64) -> bool {
         offset >= self.next_offset && !self.in_acked_ahead(offset)
@@ -262,6 +271,20 @@ mod tests {
         assert_eq!(c.next_offset(), 8);
         assert_eq!(c.ack(7), AckOutcome::AlreadyAcked);
         assert_eq!(c.checkpoint(), (2, vec![(3, 4), (7, 7)]));
+    }
+
+    #[test]
+    fn a_released_redelivery_is_due_again_and_counts_no_delivery() {
+        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
+        c.deliver(0, 100);
+        assert_eq!(c.expired(100, 5, 10), vec![Expired::Redeliver { offset: 0, deliveries: 2 }]);
+        assert_eq!(c.redeliver(0, 200), Some(2));
+        assert!(c.expired(150, 5, 10).is_empty(), "leased again");
+        c.release(0);
+        assert_eq!(c.expired(150, 5, 10), vec![Expired::Redeliver { offset: 0, deliveries: 2 }]);
+        // Releasing what is not in flight changes nothing.
+        c.release(7);
+        assert_eq!(c.in_flight_len(), 1);
     }
 
     #[test]

@@ -28,6 +28,16 @@ pub struct Record {
     pub headers: Vec<Header>,
 }
 
+impl Record {
+    /// Bytes of the key, the value and the headers' keys and values: what limits on reads
+    /// count.
+    pub fn data_len(&self) -> usize {
+        let headers: usize =
+            self.headers.iter().map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len)).sum();
+        self.key.as_ref().map_or(0, Bytes::len) + self.value.as_ref().map_or(0, Bytes::len) + headers
+    }
+}
+
 /// A record to be encoded into a batch by [`BatchBuilder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewRecord {

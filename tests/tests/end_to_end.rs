@@ -832,6 +832,24 @@ async fn replay_and_poll_pages_stay_within_max_bytes() {
         }
     }
 
+    // Redeliveries keep to it as well: what does not fit waits for the next poll, and is not
+    // counted as delivered meanwhile.
+    create(&client, "redo", 1, &[("visibility.timeout.ms", "2000")]).await;
+    let messages: Vec<OutMessage> =
+        (0..6).map(|_| OutMessage { value: Some("y".repeat(100_000)), ..Default::default() }).collect();
+    client.produce("redo", &messages).await.expect("produce");
+    let first = client.poll("redo", &poll_req("r", "m", "exclusive", 1000, 5000)).await.expect("poll");
+    assert_eq!(first.len(), 6, "not acked, so each comes back after the visibility timeout");
+    let mut redelivered = Vec::new();
+    while redelivered.len() < 6 {
+        let poll = Poll { max_bytes: Some(250_000), ..poll_req("r", "m", "exclusive", 1000, 10_000) };
+        let got = client.poll("redo", &poll).await.expect("poll");
+        assert!(!got.is_empty(), "redelivery timed out at {} of 6", redelivered.len());
+        assert!(value_bytes(&got) <= 250_000, "{} bytes redelivered in one poll", value_bytes(&got));
+        redelivered.extend(got.iter().map(|m| (m.offset, m.delivery)));
+    }
+    assert_eq!(redelivered, (0..6).map(|o| (o, Some(2))).collect::<Vec<_>>());
+
     // A max_bytes out of range is refused, and changes nothing.
     for path in [
         "/v1/topics/big/partitions/0/messages?max_bytes=0".to_string(),

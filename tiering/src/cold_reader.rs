@@ -491,6 +491,21 @@ impl ColdReader {
         from_offset: u64,
         max_records: usize,
     ) -> Result<Vec<Record>, TieringError> {
+        self.read_limited(object_key, object_bytes, from_offset, max_records, usize::MAX).await
+    }
+
+    /// [`read`](Self::read), ending also before the record that would take the keys, values
+    /// and headers returned ([`Record::data_len`]) past `max_bytes`; the first record is
+    /// returned whatever its size. The next read continues where this one ended, and counts
+    /// as sequential for readahead.
+    pub async fn read_limited(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        from_offset: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, TieringError> {
         if max_records == 0 {
             return Ok(Vec::new());
         }
@@ -500,8 +515,9 @@ impl ColdReader {
         }
         let sequential =
             self.readahead.planner().is_sequential(object_key, from_offset, footer.meta.base_offset);
-        let mut out = Vec::new();
-        for (rg, stats) in footer.row_groups.iter().enumerate() {
+        let mut out: Vec<Record> = Vec::new();
+        let mut used = 0usize;
+        'row_groups: for (rg, stats) in footer.row_groups.iter().enumerate() {
             if stats.is_some_and(|s| s.max_offset < from_offset) {
                 continue;
             }
@@ -510,8 +526,14 @@ impl ColdReader {
             }
             let decoded = self.decoded_row_group(object_key, object_bytes, &footer, rg, sequential).await?;
             let start = decoded.records.partition_point(|r| r.offset < from_offset);
-            let take = (max_records - out.len()).min(decoded.records.len() - start);
-            out.extend(decoded.records[start..start + take].iter().cloned());
+            for record in &decoded.records[start..] {
+                let len = record.data_len();
+                if out.len() >= max_records || (!out.is_empty() && used.saturating_add(len) > max_bytes) {
+                    break 'row_groups;
+                }
+                used += len;
+                out.push(record.clone());
+            }
             if out.len() >= max_records {
                 break;
             }
@@ -1181,6 +1203,33 @@ mod tests {
         // Each row group is fetched once either way: the reads wait for what is read ahead.
         assert_eq!((a.cache_misses, b.cache_misses), (10, 10), "{a:?} {b:?}");
         assert_eq!(a.bytes_fetched, b.bytes_fetched);
+    }
+
+    #[tokio::test]
+    async fn byte_limited_pages_return_every_record_once_and_keep_the_readahead_going() {
+        let f = fixture(0).await;
+        let reader = reader_with(&f, 32 * 1024 * 1024, 64 * 1024 * 1024).await;
+        let mean = f.records.iter().map(Record::data_len).sum::<usize>() / f.records.len();
+        let max_bytes = 700 * mean;
+        let (mut from, mut got, mut pages) = (0u64, Vec::new(), 0);
+        loop {
+            let page = reader.read_limited(&f.key, f.object_bytes, from, 10_000, max_bytes).await.unwrap();
+            let Some(last) = page.last() else { break };
+            let bytes: usize = page.iter().map(Record::data_len).sum();
+            assert!(page.len() == 1 || bytes <= max_bytes, "{bytes} bytes in a page of {max_bytes}");
+            from = last.offset + 1;
+            got.extend(page);
+            pages += 1;
+        }
+        assert_eq!(got, f.records);
+        assert!(pages >= 10, "the byte limit ended the pages, not the record limit: {pages} pages");
+        // Each page continues the one before, so the readahead keeps going past the first.
+        drained(&reader).await;
+        let stats = reader.stats();
+        assert!(stats.readahead_row_groups >= 8, "{stats:?}");
+        // The first record comes whatever its size.
+        let one = reader.read_limited(&f.key, f.object_bytes, 0, 10, 1).await.unwrap();
+        assert_eq!(one, f.records[..1].to_vec());
     }
 
     #[tokio::test]
