@@ -3,6 +3,8 @@
 //! with), then split and decoded back the way a client reads that answer.
 //!
 //! - **`encode_page`:** `encode_records` of the 10,000 records.
+//! - **`parse_page`:** `split_batches` alone: the checks an agent makes of every produced batch
+//!   (CRC, framing of every record).
 //! - **`decode_page`:** `split_batches` of the encoded page (which checks every batch's CRC and
 //!   every record's framing) and every record of every batch through `RecordBatch::records`.
 //!
@@ -47,6 +49,9 @@ fn codec(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(page.len() as u64));
     group.bench_function("encode_page", |b| {
         b.iter(|| encode_records(&records, BATCH_BYTES).expect("encodes"))
+    });
+    group.bench_function("parse_page", |b| {
+        b.iter(|| split_batches(page.clone()).expect("whole batches"));
     });
     group.bench_function("decode_page", |b| {
         b.iter(|| {
