@@ -393,17 +393,18 @@ async fn replay_batches(
     params: Result<Query<ReplayParams>, QueryRejection>,
 ) -> ApiResult<Response> {
     let page = replay_page(&agent, &topic, partition, params, forwarded(&headers)).await?;
-    batches_response(&page)
+    batches_response(page)
 }
 
 /// A [`RecordPage`] as an answer: the batches, with where the page ends in headers.
-fn batches_response(page: &RecordPage) -> ApiResult<Response> {
-    let body = page.encode_body()?;
+fn batches_response(page: RecordPage) -> ApiResult<Response> {
+    let (next_offset, high_watermark) = (page.next_offset, page.high_watermark);
+    let body = axum::body::Body::from_stream(futures::stream::iter(page.into_body_parts()));
     Ok((
         [
             (header::CONTENT_TYPE, RECORD_BATCHES_TYPE.to_string()),
-            (HeaderName::from_static(NEXT_OFFSET_HEADER), page.next_offset.to_string()),
-            (HeaderName::from_static(HIGH_WATERMARK_HEADER), page.high_watermark.to_string()),
+            (HeaderName::from_static(NEXT_OFFSET_HEADER), next_offset.to_string()),
+            (HeaderName::from_static(HIGH_WATERMARK_HEADER), high_watermark.to_string()),
         ],
         body,
     )
@@ -430,7 +431,7 @@ async fn peer_read_held(
     let limit = ReadLimit::new(p.max.clamp(1, REPLAY_MAX), p.max_bytes.clamp(1, READ_BYTES_MAX));
     let (records, next_offset, high_watermark) =
         agent.read_held(&topic, partition, p.from_offset, limit).await?;
-    batches_response(&RecordPage { records, next_offset, high_watermark })
+    batches_response(RecordPage { records, next_offset, high_watermark })
 }
 
 /// The query of every replication request: the segment it is about, and what one kind of

@@ -38,6 +38,9 @@ pub const NEXT_OFFSET_HEADER: &str = "x-silt-next-offset";
 pub const HIGH_WATERMARK_HEADER: &str = "x-silt-high-watermark";
 /// Largest batch a read answer packs records into.
 const READ_BATCH_BYTES: usize = 1024 * 1024;
+/// Keys, values and headers per part of an answer's body: half a batch, so that a part is
+/// usually one batch whatever the records' framing adds.
+const BODY_PART_BYTES: usize = READ_BATCH_BYTES / 2;
 
 /// Which segment of which partition a replica request is about, and from which writer epoch.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -127,10 +130,29 @@ pub struct RecordPage {
 }
 
 impl RecordPage {
-    /// The body of the answer.
-    pub fn encode_body(&self) -> Result<Bytes, ApiError> {
-        encode_records(&self.records, READ_BATCH_BYTES)
-            .map_err(|e| ApiError::internal(format!("encoding records read: {e}")))
+    /// The body of the answer: the records as batches of at most [`READ_BATCH_BYTES`], a part
+    /// of about [`BODY_PART_BYTES`] of keys and values at a time, each encoded only when the
+    /// part before it is on its way: an answer never holds a second copy of the whole page, and
+    /// its buffers are the same few sizes over and over.
+    pub fn into_body_parts(self) -> impl Iterator<Item = Result<Bytes, std::io::Error>> + Send {
+        let mut bounds = Vec::new();
+        let (mut start, mut bytes) = (0, 0);
+        for (i, r) in self.records.iter().enumerate() {
+            let len = r.data_len();
+            if i > start && bytes + len > BODY_PART_BYTES {
+                bounds.push(start..i);
+                (start, bytes) = (i, 0);
+            }
+            bytes += len;
+        }
+        if start < self.records.len() {
+            bounds.push(start..self.records.len());
+        }
+        let records = self.records;
+        bounds.into_iter().map(move |part| {
+            encode_records(&records[part], READ_BATCH_BYTES)
+                .map_err(|e| std::io::Error::other(format!("encoding records read: {e}")))
+        })
     }
 
     /// Reads an answer back; the error says what was wrong with it.
@@ -501,5 +523,51 @@ impl Peers {
             .json(&serde_json::json!({ "ids": ids }));
         let a: Acked = self.send(agent, addr, request, Duration::ZERO).await?;
         Ok(a.acked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use silt_record::{split_batches, Record};
+
+    fn page(sizes: &[usize]) -> RecordPage {
+        let records = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Record {
+                offset: 100 + i as u64,
+                timestamp_ms: 1_700_000_000_000 + i as i64,
+                key: (i % 2 == 0).then(|| Bytes::from(format!("k{i}"))),
+                value: Some(Bytes::from(vec![b'a' + (i % 26) as u8; n])),
+                headers: Vec::new(),
+            })
+            .collect();
+        RecordPage { records, next_offset: 100 + sizes.len() as u64, high_watermark: 1000 }
+    }
+
+    fn body(page: RecordPage) -> (usize, Bytes) {
+        let parts: Vec<Bytes> = page.into_body_parts().map(|p| p.expect("encodes")).collect();
+        let n = parts.len();
+        (n, Bytes::from(parts.concat()))
+    }
+
+    #[test]
+    fn an_answer_is_sent_in_parts_of_whole_batches_holding_every_record_in_order() {
+        // 3,000 records of 1 KiB (3 MiB), then one of 3 MiB (larger than a batch), then small ones.
+        let mut sizes = vec![1024; 3000];
+        sizes.push(3 << 20);
+        sizes.extend([10; 50]);
+        let want = page(&sizes).records;
+        let (parts, bytes) = body(page(&sizes));
+        assert!(parts >= 7, "{parts} parts");
+        let batches = split_batches(bytes).expect("whole batches");
+        let got: Vec<Record> = batches.iter().flat_map(|b| b.records()).collect();
+        assert_eq!(got, want);
+        for b in &batches {
+            assert!(b.len_bytes() <= READ_BATCH_BYTES || b.record_count() == 1, "{} bytes", b.len_bytes());
+        }
+        // Nothing to send: no part at all.
+        assert_eq!(body(page(&[])).0, 0);
     }
 }
