@@ -49,6 +49,11 @@ const READ_BYTES_STEP: usize = 1024 * 1024;
 pub const READ_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
 /// Most bytes of keys, values and headers one poll or replay page may ask for.
 pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// [`READ_BYTES_DEFAULT`], for serde's `default =` of every request that takes `max_bytes`.
+pub(crate) fn read_bytes_default() -> usize {
+    READ_BYTES_DEFAULT
+}
 /// Most records one read of another agent's replica asks for.
 const REPLAY_STEP: u64 = 10_000;
 /// How often dirty ack state is checkpointed to metadata.
@@ -309,8 +314,6 @@ fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
     Ok(id)
 }
 
-/// Reads up to `want` records of a local log from `offset` on the blocking pool. Returns the
-/// records, where the next read starts, the log's end, and the batch bytes read.
 /// How much one read (a replay page, or one partition's part of a poll) may return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadLimit {
@@ -362,20 +365,41 @@ pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Moves records of `got` to the end of `out` while `limit` has room for them (`used` is the
-/// bytes `out` holds, kept up to date). Returns whether a record was left out or the limit's
-/// record count is reached.
-fn fill(out: &mut Vec<Record>, used: &mut usize, got: Vec<Record>, limit: &ReadLimit) -> bool {
-    for record in got {
-        if !limit.admits(out.len(), *used, &record) {
-            return true;
-        }
-        *used += record.data_len();
-        out.push(record);
-    }
-    out.len() >= limit.records
+/// Where a read stands: the records it holds, their bytes, and where it continues.
+struct Page {
+    records: Vec<Record>,
+    used: usize,
+    next: u64,
 }
 
+impl Page {
+    fn new(from: u64) -> Self {
+        Self { records: Vec::new(), used: 0, next: from }
+    }
+
+    /// Moves records of `got` to the end of the page while `limit` has room for them, `next`
+    /// right after the last. Returns whether a record was left out or the limit's record count
+    /// is reached.
+    fn fill(&mut self, got: Vec<Record>, limit: &ReadLimit) -> bool {
+        for record in got {
+            if !limit.admits(self.records.len(), self.used, &record) {
+                return true;
+            }
+            self.used += record.data_len();
+            self.next = record.offset + 1;
+            self.records.push(record);
+        }
+        self.records.len() >= limit.records
+    }
+
+    /// What is left of `limit` for the rest of this page.
+    fn rest(&self, limit: &ReadLimit) -> ReadLimit {
+        limit.rest(self.records.len(), self.used)
+    }
+}
+
+/// Reads what `limit` allows of a local log from `offset` on the blocking pool. Returns the
+/// records, where the next read starts, the log's end, and the batch bytes read.
 async fn read_hot(
     reader: Arc<PartitionReader>,
     offset: u64,
@@ -1257,29 +1281,27 @@ impl Agent {
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 self.count_forwarded("read");
-                let page = self.inner.peers.read(peer, topic, partition, offset, limit).await?;
+                let answer = self.inner.peers.read(peer, topic, partition, offset, limit).await?;
                 // The writer returns its first record whatever its size; this read may not.
-                let (mut records, mut used) = (Vec::new(), 0);
-                if fill(&mut records, &mut used, page.records, &limit) {
-                    let next = records.last().map_or(offset, |r| r.offset + 1);
-                    return Ok((records, next, page.high_watermark));
+                let mut page = Page::new(offset);
+                if !page.fill(answer.records, &limit) {
+                    page.next = answer.next_offset;
                 }
-                return Ok((records, page.next_offset, page.high_watermark));
+                return Ok((page.records, page.next, answer.high_watermark));
             }
         };
-        let mut records = Vec::new();
-        let mut used = 0usize;
-        let mut next = offset;
+        let mut page = Page::new(offset);
         // Cold part: offsets below what this agent holds locally.
         let labels = Metrics::topic(topic);
         let mut refreshed = false;
         let mut attempts = 0;
         loop {
             let mut full = false;
-            while !full && !reader.holds(next) {
+            while !full && !reader.holds(page.next) {
                 let Some(part) = self.partition_meta(topic, partition) else { break };
+                let next = page.next;
                 let location = locate(&part, next);
-                let rest = limit.rest(records.len(), used);
+                let rest = page.rest(&limit);
                 if let Location::Hot { base_offset } = location {
                     // Written before this agent took the partition over, not archived yet.
                     let Some(seg) = part.segments.get(&base_offset) else { break };
@@ -1300,11 +1322,7 @@ impl Agent {
                     if got.is_empty() {
                         break;
                     }
-                    let before = records.len();
-                    full = fill(&mut records, &mut used, got, &limit);
-                    if let Some(last) = records[before..].last() {
-                        next = last.offset + 1;
-                    }
+                    full = page.fill(got, &limit);
                     continue;
                 }
                 let Some(cold) = &self.inner.cold else { break };
@@ -1315,25 +1333,22 @@ impl Agent {
                             .await
                             .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
                         if got.is_empty() {
-                            next = last_offset + 1;
+                            page.next = last_offset + 1;
                             continue;
                         }
-                        let before = records.len();
-                        full = fill(&mut records, &mut used, got, &limit);
-                        if let Some(last) = records[before..].last() {
-                            next = last.offset + 1;
-                        }
+                        full = page.fill(got, &limit);
                     }
-                    Location::Gone { earliest } if earliest > next => next = earliest,
+                    Location::Gone { earliest } if earliest > next => page.next = earliest,
                     _ => break,
                 }
             }
             if full {
-                self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
-                return Ok((records, next, reader.high_watermark()));
+                self.inner.metrics.records_out.get_or_create(&labels).inc_by(page.records.len() as u64);
+                return Ok((page.records, page.next, reader.high_watermark()));
             }
-            match read_hot(Arc::clone(&reader), next, limit.rest(records.len(), used)).await {
+            match read_hot(Arc::clone(&reader), page.next, page.rest(&limit)).await {
                 Ok((hot, next, hwm, bytes)) => {
+                    let mut records = page.records;
                     records.extend(hot);
                     self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);
                     self.inner.metrics.bytes_out.get_or_create(&labels).inc_by(bytes as u64);
@@ -1341,7 +1356,7 @@ impl Agent {
                 }
                 // The local copy of these offsets was dropped (archived) while this read ran:
                 // read them from where they are now.
-                Err(e) if e.code == "offset_out_of_range" && !reader.holds(next) && attempts < 3 => {
+                Err(e) if e.code == "offset_out_of_range" && !reader.holds(page.next) && attempts < 3 => {
                     attempts += 1;
                 }
                 Err(e) => return Err(e),
@@ -2415,9 +2430,9 @@ impl Agent {
             let mut room = true;
             for e in expired {
                 match e {
+                    Expired::Redeliver { offset, .. } if !room => release(&self.inner.cursors, &key, offset),
                     Expired::Redeliver { offset, deliveries } => {
-                        let record = if room { self.read_one(&req.topic, p, offset).await? } else { None };
-                        match record {
+                        match self.read_one(&req.topic, p, offset).await? {
                             Some(record) if budget.admits(out.len(), used, &record) => {
                                 used += record.data_len();
                                 out.push(Delivered { partition: p, record, delivery: deliveries });
@@ -2426,7 +2441,6 @@ impl Agent {
                                 room = false;
                                 release(&self.inner.cursors, &key, offset);
                             }
-                            None if !room => release(&self.inner.cursors, &key, offset),
                             None => {}
                         }
                     }
@@ -2746,32 +2760,32 @@ mod tests {
     #[test]
     fn fill_stops_at_the_byte_limit_and_at_the_record_limit() {
         let got = || (0..10).map(|o| record(o, 96)).collect::<Vec<_>>(); // 100 bytes each
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(10, 350)));
-        assert_eq!((offsets(&out), used), (vec![0, 1, 2], 300));
+        let mut page = Page::new(0);
+        assert!(page.fill(got(), &ReadLimit::new(10, 350)));
+        assert_eq!((offsets(&page.records), page.used, page.next), (vec![0, 1, 2], 300, 3));
         // Exactly at the limit still fits.
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(10, 300)));
-        assert_eq!(offsets(&out), vec![0, 1, 2]);
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(fill(&mut out, &mut used, got(), &ReadLimit::new(2, 10_000)));
-        assert_eq!(offsets(&out), vec![0, 1]);
+        let mut page = Page::new(0);
+        assert!(page.fill(got(), &ReadLimit::new(10, 300)));
+        assert_eq!(offsets(&page.records), vec![0, 1, 2]);
+        let mut page = Page::new(0);
+        assert!(page.fill(got(), &ReadLimit::new(2, 10_000)));
+        assert_eq!(offsets(&page.records), vec![0, 1]);
         // Room for more: not full.
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(!fill(&mut out, &mut used, got(), &ReadLimit::new(20, 10_000)));
-        assert_eq!(out.len(), 10);
+        let mut page = Page::new(0);
+        assert!(!page.fill(got(), &ReadLimit::new(20, 10_000)));
+        assert_eq!(page.records.len(), 10);
     }
 
     #[test]
     fn the_first_record_comes_whatever_its_size_unless_the_read_may_come_back_empty() {
         let big = || vec![record(0, 1_000_000), record(1, 10)];
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(fill(&mut out, &mut used, big(), &ReadLimit::new(10, 100)));
-        assert_eq!(offsets(&out), vec![0]);
+        let mut page = Page::new(0);
+        assert!(page.fill(big(), &ReadLimit::new(10, 100)));
+        assert_eq!(offsets(&page.records), vec![0]);
         let later = ReadLimit { at_least_one: false, ..ReadLimit::new(10, 100) };
-        let (mut out, mut used) = (Vec::new(), 0);
-        assert!(fill(&mut out, &mut used, big(), &later));
-        assert!(out.is_empty());
+        let mut page = Page::new(0);
+        assert!(page.fill(big(), &later));
+        assert!(page.records.is_empty());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use silt_metadata::state::{GroupMode, Topic};
 use silt_record::{Header, MessageId, Record};
 
 use crate::agent::{
-    check_max_bytes, Agent, Delivered, PollRequest, ProduceMessage, ReadLimit, READ_BYTES_DEFAULT,
+    check_max_bytes, read_bytes_default, Agent, Delivered, PollRequest, ProduceMessage, ReadLimit,
     READ_BYTES_MAX,
 };
 use crate::error::ApiError;
@@ -334,10 +334,6 @@ struct ReplayParams {
 
 fn replay_default_max() -> usize {
     1000
-}
-
-fn read_bytes_default() -> usize {
-    READ_BYTES_DEFAULT
 }
 
 /// What a replay asks for, checked; the records from there.

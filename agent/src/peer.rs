@@ -187,15 +187,11 @@ pub struct CollectRequest {
     /// Most messages.
     pub max: u32,
     /// Most bytes of keys, values and headers.
-    #[serde(default = "default_read_bytes")]
+    #[serde(default = "crate::agent::read_bytes_default")]
     pub max_bytes: usize,
     /// Whether the first message is delivered whatever its size (the poll has none yet).
     #[serde(default = "default_true")]
     pub at_least_one: bool,
-}
-
-fn default_read_bytes() -> usize {
-    crate::agent::READ_BYTES_DEFAULT
 }
 
 fn default_true() -> bool {
