@@ -638,6 +638,7 @@ impl Agent {
                 warn!(topic, partition, error = %e.message, "cannot start the partition writer; will retry");
             }
         }
+        self.inner.metrics.housekeeping_rounds.inc();
     }
 
     /// Stops a partition's writer and waits until it has answered everything queued.
@@ -1991,8 +1992,10 @@ impl Agent {
         m.under_replicated_partitions.set(under);
     }
 
-    /// Drops the segments of followed partitions that are archived (oldest first, never the
-    /// one being written): the bucket holds them now.
+    /// Drops the segments of followed partitions that are archived (oldest first): the bucket
+    /// holds them now. When the last one is archived too (the writer has moved on to a segment
+    /// this agent does not hold yet), an empty segment at its end takes its place: the
+    /// directory, with its fence, stays for the next segment this agent follows.
     async fn trim_replicas(&self) {
         let replicas: Vec<((String, u32), SharedReplica)> =
             lock(&self.inner.replicas).iter().map(|(k, r)| (k.clone(), Arc::clone(r))).collect();
@@ -2002,16 +2005,15 @@ impl Agent {
                 let mut guard = lock(&shared);
                 let Some(replica) = guard.as_mut() else { return Ok(0) };
                 let log = replica.log_mut();
+                let archived = |s: &crate::segment::Segment| {
+                    s.record_count() == 0 || part.is_archived(s.base_offset(), s.next_offset() - 1)
+                };
+                if log.active().record_count() > 0 && log.segments().iter().all(archived) {
+                    log.start_segment_at(log.next_offset())?;
+                }
                 let sealed = &log.segments()[..log.segments().len() - 1];
-                let before = sealed
-                    .iter()
-                    .take_while(|s| {
-                        s.record_count() == 0 || part.is_archived(s.base_offset(), s.next_offset() - 1)
-                    })
-                    .last()
-                    .map(|s| s.next_offset());
-                match before {
-                    Some(before) => log.delete_before(before),
+                match sealed.iter().take_while(|s| archived(s)).last() {
+                    Some(s) => log.delete_before(s.next_offset()),
                     None => Ok(0),
                 }
             });
@@ -2068,7 +2070,9 @@ impl Agent {
     }
 
     /// Forgets retired local logs whose records are all archived (or deleted by retention),
-    /// and deletes their files, unless this agent writes the partition again.
+    /// and deletes their files, unless this agent writes the partition again or follows it
+    /// (see [`retired_log_droppable`]); a followed partition's archived segments are dropped
+    /// by [`Agent::trim_replicas`] instead.
     async fn drop_archived_retired_logs(&self) {
         let retired: Vec<RetiredRanges> = self
             .inner
@@ -2078,24 +2082,33 @@ impl Agent {
             .iter()
             .map(|(k, (id, r))| (k.clone(), *id, r.ranges()))
             .collect();
-        for ((topic, partition), topic_id, ranges) in retired {
-            let archived = self.inner.metadata.read_local(|s| {
-                let Some(t) = s.topics.get(&topic).filter(|t| t.id == topic_id) else { return true };
-                let Some(p) = t.partitions.get(partition as usize) else { return true };
-                ranges.iter().all(|&(first, last)| p.is_archived(first, last))
-            });
-            if !archived {
+        for (key, topic_id, ranges) in retired {
+            if !self.retired_log_droppable(&key, topic_id, &ranges) {
                 continue;
             }
-            let key = (topic.clone(), partition);
             let writers = self.inner.writers.lock().await;
-            let removed = self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
-            if removed.is_none() || writers.contains_key(&key) {
+            if writers.contains_key(&key) {
                 continue;
             }
+            // Again under the lock that opening a writer or a replica takes: what was read
+            // above may have changed (a replica opened, a writer appended to it since).
+            let current = self
+                .inner
+                .retired
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .filter(|(id, _)| *id == topic_id)
+                .map(|(_, r)| r.ranges());
+            let Some(ranges) = current else { continue };
+            if !self.retired_log_droppable(&key, topic_id, &ranges) {
+                continue;
+            }
+            self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
             if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
                 *lock(&replica) = None;
             }
+            let (topic, partition) = key;
             let dir = self.topic_dir(&topic, topic_id).join(partition.to_string());
             match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
                 Ok(Ok(())) => info!(
@@ -2108,6 +2121,21 @@ impl Agent {
             }
             drop(writers);
         }
+    }
+
+    /// Whether the retired log of `key` (topic id `topic_id`), holding `ranges`, may go.
+    fn retired_log_droppable(&self, key: &(String, u32), topic_id: u64, ranges: &[(u64, u64)]) -> bool {
+        let followed = lock(&self.inner.replicas).contains_key(key);
+        self.inner.metadata.read_local(|s| {
+            let part = s
+                .topics
+                .get(&key.0)
+                .filter(|t| t.id == topic_id)
+                .and_then(|t| t.partitions.get(key.1 as usize));
+            retired_log_droppable(part.is_some(), followed, ranges, |first, last| {
+                part.is_some_and(|p| p.is_archived(first, last))
+            })
+        })
     }
 
     fn partition_meta(&self, topic: &str, partition: u32) -> Option<silt_metadata::state::Partition> {
@@ -2732,6 +2760,23 @@ impl Agent {
     }
 }
 
+/// Whether a local log this agent does not write may be deleted. Its topic is gone: yes.
+/// Otherwise only if it is not followed and holds records, all of them archived. A followed
+/// partition's directory holds the fence that refuses deposed writers, and a writer may
+/// append to the replica at any moment: a replica just opened holds nothing yet, which is not
+/// the same as holding nothing that is not archived.
+fn retired_log_droppable(
+    topic_exists: bool,
+    followed: bool,
+    ranges: &[(u64, u64)],
+    archived: impl Fn(u64, u64) -> bool,
+) -> bool {
+    if !topic_exists {
+        return true;
+    }
+    !followed && !ranges.is_empty() && ranges.iter().all(|&(first, last)| archived(first, last))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2748,6 +2793,18 @@ mod tests {
 
     fn offsets(records: &[Record]) -> Vec<u64> {
         records.iter().map(|r| r.offset).collect()
+    }
+
+    #[test]
+    fn a_local_log_goes_only_when_everything_it_holds_is_archived_and_nobody_follows_it() {
+        let archived_below_100 = |_first: u64, last: u64| last < 100;
+        assert!(retired_log_droppable(true, false, &[(0, 49), (50, 99)], archived_below_100));
+        assert!(!retired_log_droppable(true, false, &[(0, 49), (50, 100)], archived_below_100));
+        // A replica just opened holds nothing yet, and a followed partition keeps its fence.
+        assert!(!retired_log_droppable(true, false, &[], archived_below_100));
+        assert!(!retired_log_droppable(true, true, &[(0, 49)], archived_below_100));
+        // The topic is gone (or is another topic of the same name now): nothing is kept.
+        assert!(retired_log_droppable(false, true, &[(0, 200)], |_, _| false));
     }
 
     #[test]

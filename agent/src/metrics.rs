@@ -79,6 +79,9 @@ pub struct Metrics {
     /// Open segments this agent writes whose ensemble lost a follower or is short of
     /// replication.factor.
     pub under_replicated_partitions: Gauge,
+    /// Completed rounds of the agent's housekeeping (writers matched to metadata, archived
+    /// local copies dropped, repairs started), one about every 250 ms.
+    pub housekeeping_rounds: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -112,6 +115,7 @@ impl Metrics {
         let replication_lag_ms = Family::<ReplicaLabels, Gauge>::default();
         let replica_append_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
         let under_replicated_partitions = Gauge::default();
+        let housekeeping_rounds = Counter::default();
         registry.register(
             "replication_lag_records",
             "Records a follower of the open segment has not acknowledged",
@@ -136,6 +140,11 @@ impl Metrics {
             "forwarded",
             "Requests passed on to the agent that writes the partition",
             forwarded.clone(),
+        );
+        registry.register(
+            "housekeeping_rounds",
+            "Completed rounds of housekeeping: writers matched to metadata, archived local copies dropped, repairs started",
+            housekeeping_rounds.clone(),
         );
         registry.register("partitions_written", "Partitions this agent writes", partitions_written.clone());
         registry.register(
@@ -185,6 +194,7 @@ impl Metrics {
             replication_lag_ms,
             replica_append_seconds,
             under_replicated_partitions,
+            housekeeping_rounds,
         }
     }
 

@@ -299,6 +299,20 @@ impl Drop for SiltDev {
 /// What the agent at `agent_url` holds in its own log of `topic`/`partition` from `from` on (at
 /// most `max` records), read through the endpoint other agents and the compactor use.
 pub async fn held_records(agent_url: &str, topic: &str, partition: u32, from: u64, max: usize) -> RecordPage {
+    held_records_if_any(agent_url, topic, partition, from, max)
+        .await
+        .unwrap_or_else(|| panic!("{agent_url} holds nothing of {topic}/{partition} committed at {from}"))
+}
+
+/// Like [`held_records`], but `None` when the agent answers that it holds no committed
+/// segment at `from` (503).
+pub async fn held_records_if_any(
+    agent_url: &str,
+    topic: &str,
+    partition: u32,
+    from: u64,
+    max: usize,
+) -> Option<RecordPage> {
     let url = format!(
         "{agent_url}/internal/v1/topics/{topic}/partitions/{partition}/held?from_offset={from}&max={max}"
     );
@@ -306,8 +320,11 @@ pub async fn held_records(agent_url: &str, topic: &str, partition: u32, from: u6
     let status = reply.status();
     let headers = reply.headers().clone();
     let body = reply.bytes().await.expect("held body");
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
     assert!(status.is_success(), "{url}: {status} {}", String::from_utf8_lossy(&body));
-    RecordPage::decode(&headers, body).unwrap_or_else(|e| panic!("{url}: {e}"))
+    Some(RecordPage::decode(&headers, body).unwrap_or_else(|e| panic!("{url}: {e}")))
 }
 
 /// Runs the `silt` CLI with `args` against `server` and returns stdout, failing on error.

@@ -610,6 +610,131 @@ async fn replicas_on_an_agent_gone_too_long_are_copied_to_another_agent() {
     }
 }
 
+/// A recovering writer raises the fence of a replica that holds nothing yet, and the agent's
+/// housekeeping (which drops the local copies of archived data) runs round after round: the
+/// fence holds, and the deposed writer's appends never land on that replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_on_a_replica_that_holds_nothing_yet_outlives_housekeeping() {
+    let cluster = Cluster::start().await;
+    let client = cluster.agents[0].client();
+    client.create_topic("fenced", 1, &r3()).await.expect("create topic");
+    let (_, followers) = cluster.writer_and_followers("fenced", 0).await;
+    let s = cluster.state().await.expect("state");
+    let topic = &s.topics["fenced"];
+    let part = &topic.partitions[0];
+    let open = part.open_segment().expect("open segment");
+    let fenced = &cluster.agents[cluster.index_of(&followers[0])];
+    let url = format!(
+        "{}/internal/v1/replicas/fenced/0/fence?topic_id={}&epoch={}&segment={}&segment_epoch={}",
+        fenced.url(),
+        topic.id,
+        part.epoch + 1,
+        open.base_offset,
+        open.epoch
+    );
+    let reply = reqwest::Client::new().post(&url).send().await.expect("fence");
+    assert!(reply.status().is_success(), "{url}: {}", reply.text().await.unwrap_or_default());
+
+    let rounds = || async {
+        let metrics = fenced.client().metrics().await.ok()?;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("silt_agent_housekeeping_rounds_total ")?.parse::<u64>().ok())
+    };
+    let before = rounds().await.expect("housekeeping rounds in /metrics");
+    wait_for("two more rounds of housekeeping", Duration::from_secs(20), || async {
+        (rounds().await? >= before + 2).then_some(())
+    })
+    .await;
+
+    // The writer (epoch part.epoch) carries on with its other follower.
+    for i in 0..3 {
+        let m = OutMessage { value: Some(format!("m{i}")), ..OutMessage::default() };
+        client.produce("fenced", &[m]).await.expect("produce");
+    }
+    let held = silt_tests::held_records_if_any(fenced.url(), "fenced", 0, 0, 100).await;
+    assert!(
+        held.as_ref().is_none_or(|page| page.records.is_empty()),
+        "the fenced replica took a deposed writer's appends: {held:?}"
+    );
+}
+
+/// Segment files (`*.log`) under `dir` that hold something, every agent's data directory
+/// included (metadata's Raft log is not one), with their sizes.
+fn segment_files_holding_records(dir: &std::path::Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() && path.file_name().is_some_and(|n| n == "metadata") {
+            continue;
+        }
+        if path.is_dir() {
+            out.extend(segment_files_holding_records(&path));
+        } else if path.extension().is_some_and(|e| e == "log") {
+            let len = entry.metadata().map_or(0, |m| m.len());
+            if len > 0 {
+                out.push((path.display().to_string(), len));
+            }
+        }
+    }
+    out
+}
+
+/// Once a segment is archived, the writer and its followers drop their copies, the last
+/// segment a follower held included; the messages are read back from the archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_and_followers_drop_their_copies_of_archived_segments() {
+    let dev = SiltDev::start_with(silt_tests::DevOptions {
+        args: vec!["--agents".into(), "3".into()],
+        ..Default::default()
+    });
+    let client = dev.client();
+    let config = BTreeMap::from([
+        ("replication.factor".to_string(), "3".to_string()),
+        ("segment.ms".to_string(), "300".to_string()),
+        ("local.retention.ms".to_string(), "0".to_string()),
+    ]);
+    client.create_topic("tiered", 2, &config).await.expect("create topic");
+    let mut expected: Vec<(u32, u64, String)> = Vec::new();
+    for round in 0..3 {
+        let batch: Vec<OutMessage> = (0..40)
+            .map(|i| OutMessage {
+                partition: Some(i % 2),
+                value: Some(format!("r{round}-{i}")),
+                ..OutMessage::default()
+            })
+            .collect();
+        let ids = client.produce("tiered", &batch).await.expect("produce");
+        for (id, m) in ids.iter().zip(&batch) {
+            let (p, o) = offset_of(id);
+            expected.push((p, o, m.value.clone().expect("value")));
+        }
+    }
+    wait_for("every message archived", Duration::from_secs(60), || async {
+        let objects = client.archive_list("tiered").await.ok()?;
+        let archived: u64 = objects.iter().filter_map(|o| o["records"].as_u64()).sum();
+        (archived == expected.len() as u64).then_some(())
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = segment_files_holding_records(dev.data_dir());
+        if held.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "copies of archived segments still on disk after 60 s: {held:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut replayed = Vec::new();
+    for p in 0..2 {
+        let page = client.replay("tiered", p, Some(0), None, 1000).await.expect("replay");
+        replayed.extend(page.messages.into_iter().map(|m| (p, m.offset, m.value.unwrap_or_default())));
+    }
+    expected.sort();
+    replayed.sort();
+    assert_eq!(replayed, expected);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
     let dev = SiltDev::start_with(silt_tests::DevOptions {
