@@ -233,7 +233,16 @@ impl Replica {
             }
         }
         if self.log.segments().iter().all(|s| s.base_offset() != segment) {
-            self.log.start_segment_at(segment)?;
+            // The writer opened `segment` in metadata after sealing the one before it, so
+            // whatever this replica holds from `segment` on was never acknowledged: a tail it
+            // took from a writer whose recovery did not hear from it. Failing (not diverging)
+            // closes the replica; it is opened again cut back to what metadata recorded.
+            self.log.start_segment_at(segment).map_err(|e| match e {
+                StoreError::Diverged(reason) => StoreError::Failed(format!(
+                    "{reason}, past the start of the writer's new segment; the replica is opened again, cut back to what metadata recorded"
+                )),
+                e => e,
+            })?;
         }
         let end = self.log.append_replicated(batches)?;
         self.log.publish();
@@ -320,6 +329,30 @@ mod tests {
         assert!(!reader.holds(20), "offsets of segments this replica does not hold are elsewhere");
         let read = reader.read(14, 1 << 20).unwrap();
         assert!(read.batches.is_empty(), "a read never skips over a gap: {:?}", read.next_offset);
+    }
+
+    #[test]
+    fn a_tail_past_the_writers_new_segment_is_cut_when_the_replica_opens_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = partition(&[(0, None, SegmentState::Open, 1)]);
+        let mut r = Replica::open(dir.path(), 1, &part).unwrap();
+        r.append(0, 1, &[batch(0, 3, 1), batch(3, 3, 1)]).unwrap();
+        // A recovery that did not hear from this replica sealed segment 0 at offset 2, and the
+        // new writer (epoch 2) opened segment 3 with this replica in its ensemble.
+        let e = r.append(3, 2, &[batch(3, 1, 2)]).unwrap_err();
+        assert!(matches!(e, StoreError::Failed(_)), "the replica is to be opened again: {e}");
+        drop(r);
+        let part = partition(&[(0, Some(2), SegmentState::Sealed, 1), (3, None, SegmentState::Open, 2)]);
+        let mut r = Replica::open(dir.path(), 1, &part).unwrap();
+        assert_eq!(r.append(3, 2, &[batch(3, 1, 2)]).unwrap(), 4);
+        let mut held = Vec::new();
+        for from in [0, 3] {
+            let read = r.reader().read(from, 1 << 20).unwrap();
+            held.extend(
+                read.batches.iter().map(|b| (b.base_offset(), b.last_offset(), b.partition_leader_epoch())),
+            );
+        }
+        assert_eq!(held, [(0, 2, 1), (3, 3, 2)], "the unacknowledged tail is gone, the new segment follows");
     }
 
     #[test]
