@@ -226,7 +226,7 @@ async fn produce(
     State(agent): State<Agent>,
     Path(topic): Path<String>,
     body: Result<Json<ProduceJson>, JsonRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<IdsOut>> {
     let req = json_body(body)?;
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.into_iter().enumerate() {
@@ -243,8 +243,7 @@ async fn produce(
         });
     }
     let ids = agent.produce(&topic, messages).await?;
-    let ids: Vec<String> = ids.iter().map(MessageId::to_string).collect();
-    Ok(Json(serde_json::json!({ "ids": ids })))
+    Ok(Json(IdsOut { ids: ids.iter().map(MessageId::to_string).collect() }))
 }
 
 async fn produce_batch(
@@ -270,11 +269,11 @@ pub struct MessageOut {
     offset: u64,
     timestamp: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<String>,
+    key: Option<Utf8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     key_b64: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    value: Option<String>,
+    value: Option<Utf8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     value_b64: Option<String>,
     headers: Vec<HeaderJson>,
@@ -282,14 +281,41 @@ pub struct MessageOut {
     delivery: Option<u32>,
 }
 
-fn split(bytes: Option<Bytes>) -> (Option<String>, Option<String>) {
+/// Text in a record's own bytes (checked to be UTF-8 when made): written out as a JSON string
+/// without a copy.
+struct Utf8(Bytes);
+
+impl Serialize for Utf8 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(std::str::from_utf8(&self.0).map_err(serde::ser::Error::custom)?)
+    }
+}
+
+/// Bytes as UTF-8 text when they are, else as base64.
+fn split(bytes: Option<Bytes>) -> (Option<Utf8>, Option<String>) {
     match bytes {
         None => (None, None),
-        Some(b) => match std::str::from_utf8(&b) {
-            Ok(s) => (Some(s.to_string()), None),
-            Err(_) => (None, Some(B64.encode(&b))),
-        },
+        Some(b) if std::str::from_utf8(&b).is_ok() => (Some(Utf8(b)), None),
+        Some(b) => (None, Some(B64.encode(&b))),
     }
+}
+
+/// A produce's answer: one id per message, in order.
+#[derive(Serialize)]
+struct IdsOut {
+    ids: Vec<String>,
+}
+
+/// Messages as polls and replays answer them, written out straight from the messages.
+#[derive(Serialize)]
+struct MessagesOut {
+    messages: Vec<MessageOut>,
+    /// Replays: where the next page starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_offset: Option<u64>,
+    /// Replays: the partition's end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    high_watermark: Option<u64>,
 }
 
 /// A record as the JSON API shows it: key, value and header values as text when they are UTF-8,
@@ -312,6 +338,7 @@ pub fn message_out(topic: &str, partition: u32, record: Record, delivery: Option
             .into_iter()
             .map(|h| {
                 let (value, value_b64) = split(h.value);
+                let value = value.map(|text| String::from_utf8_lossy(&text.0).into_owned());
                 HeaderJson { key: h.key, value, value_b64 }
             })
             .collect(),
@@ -369,15 +396,15 @@ async fn replay(
     State(agent): State<Agent>,
     Path((topic, partition)): Path<(String, u32)>,
     params: Result<Query<ReplayParams>, QueryRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<MessagesOut>> {
     let page = replay_page(&agent, &topic, partition, params, false).await?;
     let messages: Vec<MessageOut> =
         page.records.into_iter().map(|r| message_out(&topic, partition, r, None)).collect();
-    Ok(Json(serde_json::json!({
-        "messages": messages,
-        "next_offset": page.next_offset,
-        "high_watermark": page.high_watermark,
-    })))
+    Ok(Json(MessagesOut {
+        messages,
+        next_offset: Some(page.next_offset),
+        high_watermark: Some(page.high_watermark),
+    }))
 }
 
 /// A replay answered as record batches (what the JSON replay holds, without the JSON).
@@ -616,7 +643,7 @@ async fn poll(
     State(agent): State<Agent>,
     Path(topic): Path<String>,
     body: Result<Json<PollJson>, JsonRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<MessagesOut>> {
     let req = json_body(body)?;
     let delivered = agent
         .poll(PollRequest {
@@ -636,7 +663,7 @@ async fn poll(
             message_out(&topic, partition, record, Some(delivery))
         })
         .collect();
-    Ok(Json(serde_json::json!({ "messages": messages })))
+    Ok(Json(MessagesOut { messages, next_offset: None, high_watermark: None }))
 }
 
 #[derive(Deserialize)]
@@ -705,4 +732,56 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(agent)).with_graceful_shutdown(shutdown).await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap")]
+mod tests {
+    use silt_record::Header;
+
+    use super::*;
+
+    #[test]
+    fn messages_are_written_as_text_when_utf8_and_as_base64_when_not() {
+        let record = |key: Option<&[u8]>, value: Option<&[u8]>| Record {
+            offset: 7,
+            timestamp_ms: 1_000,
+            key: key.map(Bytes::copy_from_slice),
+            value: value.map(Bytes::copy_from_slice),
+            headers: vec![
+                Header { key: "text".into(), value: Some(Bytes::from_static("ü\"\n".as_bytes())) },
+                Header { key: "binary".into(), value: Some(Bytes::from_static(&[0xff, 0])) },
+                Header { key: "none".into(), value: None },
+            ],
+        };
+        let page = MessagesOut {
+            messages: vec![
+                message_out("t", 2, record(Some(b"k"), Some("h\u{e9}llo \"q\"\n".as_bytes())), Some(3)),
+                message_out("t", 2, record(None, Some(&[0xc3, 0x28])), None),
+                message_out("t", 2, record(Some(&[0x80]), None), None),
+            ],
+            next_offset: Some(8),
+            high_watermark: None,
+        };
+        let json: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(&page).unwrap()).unwrap();
+        let headers = serde_json::json!([
+            { "key": "text", "value": "ü\"\n" },
+            { "key": "binary", "value_b64": "/wA=" },
+            { "key": "none" },
+        ]);
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "messages": [
+                    { "id": "t/2/7", "topic": "t", "partition": 2, "offset": 7, "timestamp": 1000,
+                      "key": "k", "value": "h\u{e9}llo \"q\"\n", "headers": headers, "delivery": 3 },
+                    { "id": "t/2/7", "topic": "t", "partition": 2, "offset": 7, "timestamp": 1000,
+                      "value_b64": "wyg=", "headers": headers },
+                    { "id": "t/2/7", "topic": "t", "partition": 2, "offset": 7, "timestamp": 1000,
+                      "key_b64": "gA==", "headers": headers },
+                ],
+                "next_offset": 8,
+            })
+        );
+    }
 }
