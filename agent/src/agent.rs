@@ -224,6 +224,28 @@ struct Repair {
     with_instance: String,
 }
 
+/// What request paths need of a topic: its name, id, configuration and partition count, read
+/// from metadata without copying the partitions' segment chains. A chain grows with the topic's
+/// history; copying it on every produce or poll made requests slower the older the topic.
+#[derive(Debug, Clone)]
+struct TopicInfo {
+    name: String,
+    id: u64,
+    config: silt_metadata::TopicConfig,
+    partitions: u32,
+}
+
+impl TopicInfo {
+    fn of(t: &Topic) -> TopicInfo {
+        TopicInfo {
+            name: t.name.clone(),
+            id: t.id,
+            config: t.config.clone(),
+            partitions: u32::try_from(t.partitions.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
 /// A followed partition's replica; `None` once closed (the agent writes the partition now, or
 /// the replica failed and is opened again from disk).
 type SharedReplica = Arc<Mutex<Option<Replica>>>;
@@ -849,7 +871,7 @@ impl Agent {
             Ok(Err(_)) => {}
             // A topic this agent's copy does not know yet (created through another agent).
             Err(e) if e.code == "unknown_topic" => {
-                self.topic(topic).await?;
+                self.topic_info(topic).await?;
             }
             Err(e) => return Err(e),
         }
@@ -1006,6 +1028,14 @@ impl Agent {
         }
     }
 
+    /// [`Agent::topic`] without the partitions' segment chains: what request paths need.
+    async fn topic_info(&self, topic: &str) -> Result<TopicInfo, ApiError> {
+        match self.inner.metadata.read_local(|s| s.topic(topic).map(TopicInfo::of)) {
+            Ok(t) => Ok(t),
+            Err(_) => Ok(self.inner.metadata.read(|s| s.topic(topic).map(TopicInfo::of)).await??),
+        }
+    }
+
     /// Creates a topic and opens its partitions.
     pub async fn create_topic(
         &self,
@@ -1120,8 +1150,8 @@ impl Agent {
                 ),
             ));
         }
-        let t = self.topic(topic).await?;
-        let partitions = t.partitions.len() as u32;
+        let t = self.topic_info(topic).await?;
+        let partitions = t.partitions;
         let max_bytes = t.config.max_message_bytes as usize;
         let spread = self.inner.spread.fetch_add(1, Ordering::Relaxed) % partitions;
         let now = now_ms() as i64;
@@ -1234,7 +1264,7 @@ impl Agent {
         forwarded: bool,
     ) -> Result<(u64, u64), ApiError> {
         let started = Instant::now();
-        let t = self.topic(topic).await?;
+        let t = self.topic_info(topic).await?;
         if body.len() as u64 > t.config.max_message_bytes {
             return Err(ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
@@ -1299,17 +1329,26 @@ impl Agent {
         loop {
             let mut full = false;
             while !full && !reader.holds(page.next) {
-                let Some(part) = self.partition_meta(topic, partition) else { break };
                 let next = page.next;
-                let location = locate(&part, next);
+                let located = self.with_partition(topic, partition, |part| {
+                    let location = locate(part, next);
+                    let ensemble = match &location {
+                        Location::Hot { base_offset } => {
+                            part.segments.get(base_offset).map(|s| s.ensemble.clone())
+                        }
+                        _ => None,
+                    };
+                    (location, ensemble)
+                });
+                let Some((location, ensemble)) = located else { break };
                 let rest = page.rest(&limit);
-                if let Location::Hot { base_offset } = location {
+                if let Location::Hot { .. } = location {
                     // Written before this agent took the partition over, not archived yet.
-                    let Some(seg) = part.segments.get(&base_offset) else { break };
+                    let Some(ensemble) = ensemble else { break };
                     // At least one record, so that an empty answer means there is nothing
                     // there: whether it fits is for `fill` to say.
                     let ask = ReadLimit { at_least_one: true, ..rest };
-                    let got = match self.read_elsewhere(topic, partition, next, ask, &seg.ensemble).await {
+                    let got = match self.read_elsewhere(topic, partition, next, ask, &ensemble).await {
                         Ok(got) => got,
                         // The holders may have dropped it because it is archived by now, which this
                         // agent's metadata copy does not show yet: catch up once and look again.
@@ -1386,8 +1425,10 @@ impl Agent {
         let mut next = records.last().map_or(base_offset, |r| r.offset + 1);
         if next <= last_offset {
             let ensemble = self
-                .partition_meta(topic, partition)
-                .and_then(|p| p.segments.get(&base_offset).map(|s| s.ensemble.clone()))
+                .with_partition(topic, partition, |p| {
+                    p.segments.get(&base_offset).map(|s| s.ensemble.clone())
+                })
+                .flatten()
                 .unwrap_or_default();
             let me = self.inner.config.agent_id.clone();
             let others: Vec<String> = ensemble.into_iter().filter(|a| *a != me).collect();
@@ -1461,10 +1502,11 @@ impl Agent {
         // Only what is committed is served from a replica (it may hold a tail that was never
         // acknowledged): a sealed segment up to the end metadata sealed, the open one up to the
         // end its writer last said was committed.
-        let segment = self.partition_meta(topic, partition).and_then(|p| {
-            let seg = p.segments.range(..=offset).next_back().map(|(_, s)| s.clone())?;
-            Some(seg)
-        });
+        let segment = self
+            .with_partition(topic, partition, |p| {
+                p.segments.range(..=offset).next_back().map(|(_, s)| s.clone())
+            })
+            .flatten();
         let committed_last = segment.and_then(|seg| {
             if seg.state != silt_metadata::state::SegmentState::Open {
                 return seg.last_offset;
@@ -1498,49 +1540,63 @@ impl Agent {
         target: &ReplicaTarget,
     ) -> Result<SharedReplica, ApiError> {
         let key = (topic.to_string(), partition);
-        let check = |agent: &Agent| -> Result<Option<silt_metadata::state::Partition>, ApiError> {
-            let Some(p) = agent.inner.metadata.read_local(|s| {
+        // Whether metadata knows the partition (of this topic id); refused if it shows the
+        // sender deposed.
+        let check = |agent: &Agent| -> Result<bool, ApiError> {
+            agent.inner.metadata.read_local(|s| {
+                let Some(p) = s
+                    .topics
+                    .get(topic)
+                    .filter(|t| t.id == target.topic_id)
+                    .and_then(|t| t.partitions.get(partition as usize))
+                else {
+                    return Ok(false);
+                };
+                if p.epoch > target.epoch {
+                    return Err(StoreError::Fenced {
+                        topic: topic.into(),
+                        partition,
+                        epoch: target.epoch,
+                        fence: p.epoch,
+                    }
+                    .into());
+                }
+                if let Some(seg) = p.segments.get(&target.segment) {
+                    if seg.state != silt_metadata::state::SegmentState::Open
+                        || seg.epoch != target.segment_epoch
+                    {
+                        return Err(StoreError::Diverged(format!(
+                            "segment {} of {topic}/{partition} is no longer open under epoch {}",
+                            target.segment, target.segment_epoch
+                        ))
+                        .into());
+                    }
+                }
+                Ok(true)
+            })
+        };
+        if !check(self)? {
+            // Created or changed through another agent: catch up once.
+            self.inner.metadata.read(|_| ()).await?;
+            if !check(self)? {
+                return Err(MetadataError::UnknownPartition { topic: topic.to_string(), partition }.into());
+            }
+        }
+        if let Some(r) = self.open_replica_if_any(topic, partition) {
+            return Ok(r);
+        }
+        let part = self
+            .inner
+            .metadata
+            .read_local(|s| {
                 s.topics
                     .get(topic)
                     .filter(|t| t.id == target.topic_id)
                     .and_then(|t| t.partitions.get(partition as usize).cloned())
-            }) else {
-                return Ok(None);
-            };
-            if p.epoch > target.epoch {
-                return Err(StoreError::Fenced {
-                    topic: topic.into(),
-                    partition,
-                    epoch: target.epoch,
-                    fence: p.epoch,
-                }
-                .into());
-            }
-            if let Some(seg) = p.segments.get(&target.segment) {
-                if seg.state != silt_metadata::state::SegmentState::Open || seg.epoch != target.segment_epoch
-                {
-                    return Err(StoreError::Diverged(format!(
-                        "segment {} of {topic}/{partition} is no longer open under epoch {}",
-                        target.segment, target.segment_epoch
-                    ))
-                    .into());
-                }
-            }
-            Ok(Some(p))
-        };
-        let part = match check(self)? {
-            Some(p) => p,
-            None => {
-                // Created or changed through another agent: catch up once.
-                self.inner.metadata.read(|_| ()).await?;
-                check(self)?.ok_or_else(|| {
-                    ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
-                })?
-            }
-        };
-        if let Some(r) = self.open_replica_if_any(topic, partition) {
-            return Ok(r);
-        }
+            })
+            .ok_or_else(|| {
+                ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
+            })?;
         let running =
             self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key).map(|r| r.epoch);
         if let Some(epoch) = running {
@@ -2139,17 +2195,29 @@ impl Agent {
     }
 
     fn partition_meta(&self, topic: &str, partition: u32) -> Option<silt_metadata::state::Partition> {
+        self.with_partition(topic, partition, Clone::clone)
+    }
+
+    /// `f` of a partition in the local copy of metadata, without copying the partition (its
+    /// segment chain grows with its history): what request paths use.
+    fn with_partition<T>(
+        &self,
+        topic: &str,
+        partition: u32,
+        f: impl FnOnce(&silt_metadata::state::Partition) -> T,
+    ) -> Option<T> {
         self.inner
             .metadata
-            .read_local(|s| s.topics.get(topic).and_then(|t| t.partitions.get(partition as usize)).cloned())
+            .read_local(|s| s.topics.get(topic).and_then(|t| t.partitions.get(partition as usize)).map(f))
     }
 
     /// The first offset of a partition that still exists anywhere (bucket or local disk).
     fn earliest_offset(&self, topic: &str, partition: u32, local_start: u64) -> u64 {
-        match (&self.inner.cold, self.partition_meta(topic, partition)) {
-            (Some(_), Some(part)) => silt_tiering::locate::earliest_offset(&part).min(local_start),
-            _ => local_start,
+        if self.inner.cold.is_none() {
+            return local_start;
         }
+        self.with_partition(topic, partition, silt_tiering::locate::earliest_offset)
+            .map_or(local_start, |earliest| earliest.min(local_start))
     }
 
     /// The first offset of a partition whose timestamp is at least `timestamp_ms`, looking in
@@ -2213,11 +2281,11 @@ impl Agent {
                 format!("session timeout must be between 1s and {}s", SESSION_TIMEOUT_MAX.as_secs()),
             ));
         }
-        let topic = self.topic(&req.topic).await?;
+        let topic = self.topic_info(&req.topic).await?;
         let deadline = Instant::now() + req.timeout;
         loop {
             self.heartbeat(&req).await?;
-            let partitions = self.assigned_partitions(&req, topic.partitions.len() as u32);
+            let partitions = self.assigned_partitions(&req, topic.partitions);
             let notified = self.inner.appended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -2247,7 +2315,7 @@ impl Agent {
     async fn collect_everywhere(
         &self,
         req: &PollRequest,
-        topic: &Topic,
+        topic: &TopicInfo,
         partitions: &[u32],
     ) -> Result<(Vec<Delivered>, bool), ApiError> {
         let mut local = Vec::new();
@@ -2318,7 +2386,7 @@ impl Agent {
                 format!("max_bytes may be at most {READ_BYTES_MAX}"),
             ));
         }
-        let t = self.topic(topic).await?;
+        let t = self.topic_info(topic).await?;
         let req = PollRequest {
             topic: topic.to_string(),
             group: ask.group,
@@ -2394,7 +2462,7 @@ impl Agent {
             .min()
     }
 
-    fn load_cursor(&self, group: &str, topic: &Topic, partition: u32, log_start: u64) -> GroupCursor {
+    fn load_cursor(&self, group: &str, topic: &TopicInfo, partition: u32, log_start: u64) -> GroupCursor {
         let (floor, acked) = self.inner.metadata.read_local(|s| {
             s.groups
                 .get(group)
@@ -2410,7 +2478,7 @@ impl Agent {
     async fn collect(
         &self,
         req: &PollRequest,
-        topic: &Topic,
+        topic: &TopicInfo,
         partitions: &[u32],
         budget: ReadLimit,
     ) -> Result<Vec<Delivered>, ApiError> {
@@ -2518,7 +2586,7 @@ impl Agent {
     async fn dead_letter(
         &self,
         req: &PollRequest,
-        topic: &Topic,
+        topic: &TopicInfo,
         partition: u32,
         offset: u64,
         deliveries: u32,
@@ -2526,7 +2594,7 @@ impl Agent {
         let result: Result<(), ApiError> = async {
             let dlq = format!("{}{DLQ_SUFFIX}", topic.name);
             if self.topic_local(&dlq).is_err() {
-                match self.create_topic(&dlq, topic.partitions.len() as u32, BTreeMap::new()).await {
+                match self.create_topic(&dlq, topic.partitions, BTreeMap::new()).await {
                     Ok(_) => {}
                     Err(e) if e.code == "topic_exists" => {}
                     Err(e) => return Err(e),
