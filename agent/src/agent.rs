@@ -2056,7 +2056,22 @@ impl Agent {
         let replicas: Vec<((String, u32), SharedReplica)> =
             lock(&self.inner.replicas).iter().map(|(k, r)| (k.clone(), Arc::clone(r))).collect();
         for ((topic, partition), shared) in replicas {
-            let Some(part) = self.partition_meta(&topic, partition) else { continue };
+            // The chain from the segment holding the replica's first offset on (the chain
+            // before it can be long): what `is_archived` needs of it for the replica's segments.
+            let start = self.local_reader(&topic, partition).map_or(0, |r| r.log_start());
+            let chain = self.with_partition(&topic, partition, |p| silt_metadata::state::Partition {
+                writer: None,
+                epoch: p.epoch,
+                segments: p
+                    .segments
+                    .range(..=start)
+                    .next_back()
+                    .into_iter()
+                    .chain(p.segments.range(start.saturating_add(1)..))
+                    .map(|(base, seg)| (*base, seg.clone()))
+                    .collect(),
+            });
+            let Some(part) = chain else { continue };
             let result = tokio::task::spawn_blocking(move || -> Result<usize, StoreError> {
                 let mut guard = lock(&shared);
                 let Some(replica) = guard.as_mut() else { return Ok(0) };

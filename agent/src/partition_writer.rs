@@ -914,8 +914,10 @@ impl PartitionWriter {
     async fn trim_local(&mut self) {
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
         type Archived = std::collections::BTreeMap<u64, (Option<u64>, Option<u64>)>;
-        // Archived segments, and where metadata's chain starts now (retention deletes from the
-        // front: anything below it is gone from the bucket and must go from here too).
+        // Archived segments from the local log's start on (the chain before it can be long),
+        // and where metadata's chain starts now (retention deletes from the front: anything
+        // below it is gone from the bucket and must go from here too).
+        let local_start = self.log().segments().first().map_or(0, |s| s.base_offset());
         let (archived, earliest): (Archived, Option<u64>) = self.metadata.read_local(|s| {
             s.topics
                 .get(&topic)
@@ -923,7 +925,8 @@ impl PartitionWriter {
                 .map(|p| {
                     let archived = p
                         .segments
-                        .values()
+                        .range(local_start..)
+                        .map(|(_, seg)| seg)
                         .filter(|seg| seg.state == silt_metadata::state::SegmentState::Archived)
                         .map(|seg| (seg.base_offset, (seg.last_offset, seg.archived_ms)))
                         .collect();
