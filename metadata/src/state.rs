@@ -72,11 +72,10 @@ impl Partition {
     /// retention (it is below the chain's first segment): a local copy of them is only a cache.
     pub fn is_archived(&self, first: u64, last: u64) -> bool {
         let start = self.segments.keys().next().copied().unwrap_or(0);
+        // Segments do not overlap: only the one holding `first` can hold all of them.
         last < start
-            || self.segments.values().any(|seg| {
-                seg.state == SegmentState::Archived
-                    && seg.base_offset <= first
-                    && seg.last_offset.is_some_and(|l| l >= last)
+            || self.segments.range(..=first).next_back().is_some_and(|(_, seg)| {
+                seg.state == SegmentState::Archived && seg.last_offset.is_some_and(|l| l >= last)
             })
     }
 
@@ -1022,6 +1021,42 @@ mod tests {
             session_timeout_ms: 10_000,
             now_ms,
         })
+    }
+
+    #[test]
+    fn offsets_are_archived_when_one_archived_segment_holds_them_or_retention_deleted_them() {
+        let segment = |base: u64, last: Option<u64>, state: SegmentState| Segment {
+            base_offset: base,
+            last_offset: last,
+            state,
+            epoch: 1,
+            ensemble: Vec::new(),
+            instances: Vec::new(),
+            size_bytes: 0,
+            record_count: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            opened_ms: 0,
+            sealed_ms: None,
+            object_key: None,
+            object_bytes: 0,
+            archived_ms: None,
+        };
+        let mut p = Partition::default();
+        for seg in [
+            segment(10, Some(19), SegmentState::Archived),
+            segment(20, Some(29), SegmentState::Archived),
+            segment(30, Some(39), SegmentState::Sealed),
+            segment(40, None, SegmentState::Open),
+        ] {
+            p.segments.insert(seg.base_offset, seg);
+        }
+        assert!(p.is_archived(10, 19) && p.is_archived(22, 25) && p.is_archived(20, 29));
+        assert!(p.is_archived(0, 9), "below the chain: deleted by retention");
+        assert!(!p.is_archived(5, 12), "partly below the chain, partly archived: not one segment");
+        assert!(!p.is_archived(15, 25), "two archived segments: not one segment");
+        assert!(!p.is_archived(30, 31) && !p.is_archived(25, 35) && !p.is_archived(40, 41));
+        assert!(!Partition::default().is_archived(0, 0), "nothing archived yet");
     }
 
     #[test]
