@@ -156,8 +156,12 @@ fn replay_query(
     from_offset: Option<u64>,
     from_time_ms: Option<i64>,
     max: usize,
+    max_bytes: Option<usize>,
 ) -> Vec<(&'static str, String)> {
     let mut q = vec![("max", max.to_string())];
+    if let Some(b) = max_bytes {
+        q.push(("max_bytes", b.to_string()));
+    }
     if let Some(o) = from_offset {
         q.push(("from_offset", o.to_string()));
     }
@@ -172,6 +176,8 @@ fn replay_query(
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Bytes of keys, values and headers a replay page may hold (`None`: the agent's default).
+    read_max_bytes: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -199,7 +205,15 @@ impl Client {
             .timeout(timeout)
             .build()
             .map_err(|e| ClientError::Transport { url: base.to_string(), source: e })?;
-        Ok(Client { base: base.trim_end_matches('/').to_string(), http })
+        Ok(Client { base: base.trim_end_matches('/').to_string(), http, read_max_bytes: None })
+    }
+
+    /// Bounds every page [`replay`](Self::replay) and [`read_batches`](Self::read_batches) read
+    /// to about `bytes` of keys, values and headers (the first message of a page comes whatever
+    /// its size); without it the agent's default applies (8 MiB; at most 64 MiB).
+    pub fn with_read_max_bytes(mut self, bytes: usize) -> Client {
+        self.read_max_bytes = Some(bytes);
+        self
     }
 
     /// The server URL.
@@ -356,7 +370,7 @@ impl Client {
         self.send(
             self.http
                 .get(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/messages")))
-                .query(&replay_query(from_offset, from_time_ms, max)),
+                .query(&replay_query(from_offset, from_time_ms, max, self.read_max_bytes)),
         )
         .await
     }
@@ -375,7 +389,7 @@ impl Client {
             .send_raw(
                 self.http
                     .get(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/batches")))
-                    .query(&replay_query(from_offset, from_time_ms, max)),
+                    .query(&replay_query(from_offset, from_time_ms, max, self.read_max_bytes)),
             )
             .await?;
         RecordPage::decode(&headers, body).map_err(ClientError::Decode)

@@ -817,6 +817,13 @@ async fn replay_and_poll_pages_stay_within_max_bytes() {
     // The default is 8 MiB: all 41 messages (4.9 MB) in one page.
     let replayed = client.replay("big", 0, Some(0), None, 1000).await.expect("replay");
     assert_eq!(replayed.messages.len(), 41);
+    // A client bounds its replays' pages the same way, JSON or record batches.
+    let bounded = client.clone().with_read_max_bytes(350_000);
+    let replayed = bounded.replay("big", 0, Some(0), None, 1000).await.expect("replay");
+    assert_eq!((replayed.messages.len(), replayed.next_offset), (3, 3));
+    let batches = bounded.read_batches("big", 0, Some(3), None, 1000).await.expect("read batches");
+    let offsets: Vec<u64> = batches.records.iter().map(|r| r.offset).collect();
+    assert_eq!((offsets, batches.next_offset), (vec![3, 4, 5], 6));
 
     // Polls stay within their max_bytes too, and deliver everything exactly once.
     let mut delivered = HashSet::new();
