@@ -89,6 +89,9 @@ pub struct AgentConfig {
     /// Ensemble repair: a sealed segment's replica on an agent gone for this long (lease
     /// lapsed) is copied to another agent. A replica on a replaced disk is copied at once.
     pub replica_repair_after: Duration,
+    /// The local address connections to other agents leave from (hosts with several
+    /// addresses); `None` lets the OS choose.
+    pub peer_source_ip: Option<std::net::IpAddr>,
 }
 
 impl AgentConfig {
@@ -101,6 +104,7 @@ impl AgentConfig {
             lease: DEFAULT_LEASE,
             default_replication_factor: 1,
             replica_repair_after: DEFAULT_REPLICA_REPAIR_AFTER,
+            peer_source_ip: None,
         }
     }
 }
@@ -112,6 +116,15 @@ struct Running {
     handle: PartitionHandle,
     /// The topic's replication.factor, for the under-replication metric.
     replication_factor: usize,
+}
+
+/// A partition writer that failed to start, and keeps failing.
+struct StartFailure {
+    /// The first failure since the writer last ran.
+    since: Instant,
+    /// The latest one.
+    at: Instant,
+    error: ApiError,
 }
 
 /// Where requests about one partition go.
@@ -274,8 +287,8 @@ struct Inner {
     replicas: Mutex<HashMap<(String, u32), SharedReplica>>,
     /// Whether an ensemble repair runs (one at a time).
     repairing: Arc<std::sync::atomic::AtomicBool>,
-    /// Writers that failed to start, when and why (see [`START_RETRY_INTERVAL`]).
-    start_failures: Mutex<HashMap<(String, u32), (Instant, ApiError)>>,
+    /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
+    start_failures: Mutex<HashMap<(String, u32), StartFailure>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
     instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
@@ -485,7 +498,7 @@ impl Agent {
     ) -> Result<Agent, StoreError> {
         let cold = archive.as_ref().map(|a| Arc::clone(&a.cold));
         let archive_store = archive.map(|a| (a.store, a.prefix));
-        let peers = Peers::new(&config.agent_id);
+        let peers = Peers::with_source_ip(&config.agent_id, config.peer_source_ip);
         let instance = instance_id(&config.data_dir)?;
         let agent = Agent {
             inner: Arc::new(Inner {
@@ -660,7 +673,69 @@ impl Agent {
                 warn!(topic, partition, error = %e.message, "cannot start the partition writer; will retry");
             }
         }
+        self.hand_off_unreachable_partitions(&wanted).await;
         self.inner.metrics.housekeeping_rounds.inc();
+    }
+
+    /// Hands over the partitions whose writer has not started here for a whole lease while
+    /// live agents do not answer this one. Such an agent is cut off from the others but not
+    /// from metadata: its lease holds, so nobody else would take its partitions, and it cannot
+    /// reach the replicas it needs. Metadata names another live agent (preferring a holder of
+    /// the open segment); if that one cannot write either, it hands over in turn.
+    async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
+        let lease = self.inner.config.lease;
+        let due: Vec<((String, u32), String)> = lock(&self.inner.start_failures)
+            .iter()
+            .filter(|(k, f)| wanted.contains_key(*k) && f.since.elapsed() >= lease)
+            .map(|(k, f)| (k.clone(), f.error.message.clone()))
+            .collect();
+        if due.is_empty() || self.inner.cancel.is_cancelled() {
+            return;
+        }
+        let me = self.inner.config.agent_id.clone();
+        let unreachable: Vec<String> = self.inner.metadata.read_local(|s| {
+            s.live_agents()
+                .filter(|a| a.id != me && self.inner.peers.is_unreachable(&a.id))
+                .map(|a| a.id.clone())
+                .collect()
+        });
+        if unreachable.is_empty() {
+            return;
+        }
+        for (key, reason) in due {
+            let (topic, partition) = (key.0.clone(), key.1);
+            let epoch = wanted[&key].1;
+            let cmd = Command::HandOffWriter {
+                topic: topic.clone(),
+                partition,
+                agent: me.clone(),
+                epoch,
+                now_ms: now_ms(),
+            };
+            match self.inner.metadata.write(cmd).await {
+                Ok(Response::Writer { agent, epoch }) => {
+                    warn!(
+                        topic,
+                        partition,
+                        to = %agent,
+                        epoch,
+                        unreachable = %unreachable.join(", "),
+                        reason,
+                        "handed the partition to another agent: its writer could not start here for a lease, and live agents do not answer this one"
+                    );
+                    lock(&self.inner.start_failures).remove(&key);
+                    self.inner.metrics.writer_handoffs.inc();
+                }
+                other => {
+                    if let Err(e) = other {
+                        warn!(topic, partition, error = %e, "handing the partition to another agent failed; trying again after a lease");
+                    }
+                    if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
+                        f.since = Instant::now();
+                    }
+                }
+            }
+        }
     }
 
     /// Stops a partition's writer and waits until it has answered everything queued.
@@ -888,9 +963,9 @@ impl Agent {
         }
         // A start that just failed (its open segment's replicas are not back yet) is not tried
         // again for every request: they get the same answer until the next attempt is due.
-        if let Some((at, e)) = lock(&self.inner.start_failures).get(&key) {
-            if at.elapsed() < START_RETRY_INTERVAL {
-                return Err(e.clone());
+        if let Some(f) = lock(&self.inner.start_failures).get(&key) {
+            if f.at.elapsed() < START_RETRY_INTERVAL {
+                return Err(f.error.clone());
             }
         }
         let newer = self
@@ -951,7 +1026,10 @@ impl Agent {
         .await
         .map_err(|e| {
             let e = ApiError::from(e);
-            lock(&self.inner.start_failures).insert(key.clone(), (Instant::now(), e.clone()));
+            let now = Instant::now();
+            let mut failures = lock(&self.inner.start_failures);
+            let since = failures.get(&key).map_or(now, |f| f.since);
+            failures.insert(key.clone(), StartFailure { since, at: now, error: e.clone() });
             e
         })?;
         lock(&self.inner.start_failures).remove(&key);

@@ -82,6 +82,9 @@ pub struct Metrics {
     /// Completed rounds of the agent's housekeeping (writers matched to metadata, archived
     /// local copies dropped, repairs started), one about every 250 ms.
     pub housekeeping_rounds: Counter,
+    /// Partitions this agent handed to another agent because it could not reach the agents
+    /// it needed while metadata counted them live.
+    pub writer_handoffs: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -116,6 +119,7 @@ impl Metrics {
         let replica_append_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
         let under_replicated_partitions = Gauge::default();
         let housekeeping_rounds = Counter::default();
+        let writer_handoffs = Counter::default();
         registry.register(
             "replication_lag_records",
             "Records a follower of the open segment has not acknowledged",
@@ -145,6 +149,11 @@ impl Metrics {
             "housekeeping_rounds",
             "Completed rounds of housekeeping: writers matched to metadata, archived local copies dropped, repairs started",
             housekeeping_rounds.clone(),
+        );
+        registry.register(
+            "writer_handoffs",
+            "Partitions handed to another agent because live agents did not answer this one",
+            writer_handoffs.clone(),
         );
         registry.register("partitions_written", "Partitions this agent writes", partitions_written.clone());
         registry.register(
@@ -195,6 +204,7 @@ impl Metrics {
             replica_append_seconds,
             under_replicated_partitions,
             housekeeping_rounds,
+            writer_handoffs,
         }
     }
 

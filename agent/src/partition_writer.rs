@@ -548,6 +548,7 @@ impl PartitionWriter {
     /// agents are live.
     fn ensemble_can_improve(&self, size: usize) -> bool {
         let (topic, partition) = (self.config.topic.as_str(), self.config.partition as usize);
+        let me = self.config.agent_id.as_str();
         self.metadata.read_local(|s| {
             let Some(open) =
                 s.topics.get(topic).and_then(|t| t.partitions.get(partition)).and_then(|p| p.open_segment())
@@ -557,26 +558,35 @@ impl PartitionWriter {
             let replaced = open.ensemble.iter().zip(&open.instances).any(|(a, recorded)| {
                 s.agents.get(a).is_some_and(|i| !recorded.is_empty() && i.instance != *recorded)
             });
+            // Live, and not known to be out of this agent's reach.
+            let usable = |a: &str| a == me || !self.peers.is_unreachable(a);
             let live_members = open
                 .ensemble
                 .iter()
-                .filter(|a| s.agents.get(*a).is_some_and(|i| i.is_live(s.clock_ms)))
+                .filter(|a| s.agents.get(*a).is_some_and(|i| i.is_live(s.clock_ms)) && usable(a))
                 .count();
-            let live = s.live_agents().count();
-            // A member whose lease lapsed, while another live agent could take its place.
+            let live = s.live_agents().filter(|a| usable(&a.id)).count();
+            // A member whose lease lapsed or that this agent cannot reach, while another live
+            // agent could take its place.
             let lapsed = live_members < open.ensemble.len() && live > live_members;
             replaced || lapsed || (size < self.config.replication_factor && live > size)
         })
     }
 
     /// This agent first, then R - 1 live agents that are members of the fewest open
-    /// segments. Fewer than W live agents is an error: nothing could be acknowledged.
+    /// segments, leaving out those that did not answer this agent lately
+    /// ([`Peers::is_unreachable`]). Fewer than W is an error: nothing could be acknowledged.
     fn choose_ensemble(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let me = self.config.agent_id.as_str();
         let (r, w) = (self.config.replication_factor.max(1), self.config.write_quorum.max(1));
-        let (chosen, instances, live) = self.metadata.read_local(|s| {
+        let (chosen, instances, live, unreachable) = self.metadata.read_local(|s| {
+            let (reachable, unreachable): (Vec<&str>, Vec<&str>) = s
+                .live_agents()
+                .filter(|a| a.id != me)
+                .map(|a| a.id.as_str())
+                .partition(|a| !self.peers.is_unreachable(a));
             let mut load: std::collections::BTreeMap<&str, usize> =
-                s.live_agents().filter(|a| a.id != me).map(|a| (a.id.as_str(), 0)).collect();
+                reachable.into_iter().map(|a| (a, 0)).collect();
             for seg in s.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.open_segment()) {
                 for a in &seg.ensemble {
                     if let Some(n) = load.get_mut(a.as_str()) {
@@ -596,11 +606,17 @@ impl PartitionWriter {
                 .iter()
                 .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
                 .collect();
-            (chosen, instances, live)
+            let unreachable: Vec<String> = unreachable.into_iter().map(String::from).collect();
+            (chosen, instances, live + unreachable.len(), unreachable)
         });
         if chosen.len() < w {
+            let cut_off = if unreachable.is_empty() {
+                String::new()
+            } else {
+                format!(", and {} did not answer this agent lately", unreachable.join(", "))
+            };
             return Err(StoreError::NotEnoughReplicas(format!(
-                "replication.factor {r} with min.insync.replicas {w} needs at least {w} live agents to open a segment; {live} are live"
+                "replication.factor {r} with min.insync.replicas {w} needs at least {w} live agents to open a segment; {live} are live{cut_off}"
             )));
         }
         if chosen.len() < r {

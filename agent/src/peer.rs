@@ -7,7 +7,10 @@
 //! bytes ([`RecordPage`] for reads, with the page's end in headers); deliveries to a group
 //! member travel as JSON with base64 bytes ([`WireRecord`]).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -243,22 +246,59 @@ const CODES: &[&str] = &[
     "unknown_topic",
 ];
 
-/// The HTTP client agents use to reach each other.
+/// How long an agent that did not answer (no connection, a timeout, a broken answer) counts
+/// as unreachable from this one, unless it answers something meanwhile.
+pub const UNREACHABLE_FOR: Duration = Duration::from_secs(10);
+
+/// The HTTP client agents use to reach each other. It remembers which agents did not answer
+/// lately: metadata says which agents are live (they reach metadata), not which ones this
+/// agent can reach, and a writer cut off from some of them chooses its ensembles without them.
 #[derive(Debug, Clone)]
 pub struct Peers {
     http: reqwest::Client,
     me: String,
+    unreachable: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Peers {
     /// A client that names this agent in [`FORWARDED_HEADER`].
     pub fn new(me: &str) -> Self {
+        Self::with_source_ip(me, None)
+    }
+
+    /// A client whose connections leave from `source` (on hosts with several addresses), or
+    /// from the address the OS chooses.
+    pub fn with_source_ip(me: &str, source: Option<IpAddr>) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .pool_idle_timeout(Duration::from_secs(30))
+            .local_address(source)
             .build()
             .unwrap_or_default();
-        Peers { http, me: me.to_string() }
+        Peers { http, me: me.to_string(), unreachable: Arc::default() }
+    }
+
+    /// Whether `agent` failed to answer within the last [`UNREACHABLE_FOR`] and has not
+    /// answered since.
+    pub fn is_unreachable(&self, agent: &str) -> bool {
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        match unreachable.get(agent) {
+            Some(at) if at.elapsed() < UNREACHABLE_FOR => true,
+            Some(_) => {
+                unreachable.remove(agent);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn reached(&self, agent: &str, answered: bool) {
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        if answered {
+            unreachable.remove(agent);
+        } else {
+            unreachable.insert(agent.to_string(), Instant::now());
+        }
     }
 
     async fn send<T: serde::de::DeserializeOwned>(
@@ -293,13 +333,16 @@ impl Peers {
     ) -> Result<(reqwest::header::HeaderMap, Bytes), ApiError> {
         let reply =
             request.header(FORWARDED_HEADER, &self.me).timeout(timeout).send().await.map_err(|e| {
+                self.reached(agent, false);
                 ApiError::unavailable(format!("agent '{agent}' at {addr} did not answer: {e}"))
             })?;
         let status = reply.status();
         let headers = reply.headers().clone();
         let body = reply.bytes().await.map_err(|e| {
+            self.reached(agent, false);
             ApiError::unavailable(format!("agent '{agent}' at {addr} broke off its answer: {e}"))
         })?;
+        self.reached(agent, true);
         if status.is_success() {
             return Ok((headers, body));
         }

@@ -43,6 +43,8 @@ pub struct AgentProcessConfig {
     pub default_replication_factor: u32,
     /// How long an agent may be gone before its replicas of sealed segments are copied.
     pub replica_repair_after: Duration,
+    /// The local address connections to other agents leave from.
+    pub peer_source_ip: Option<std::net::IpAddr>,
 }
 
 /// The address other agents reach this one at when `--advertise` is not given: the listener's,
@@ -88,6 +90,7 @@ pub async fn run(config: AgentProcessConfig) -> Result<()> {
         compactor: if config.compactor { CompactorScope::Held } else { CompactorScope::Off },
         default_replication_factor: config.default_replication_factor,
         replica_repair_after: config.replica_repair_after,
+        peer_source_ip: config.peer_source_ip,
     })
     .await;
     cancel.cancel();

@@ -115,6 +115,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         compactor: CompactorScope::All,
         default_replication_factor,
         replica_repair_after: silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER,
+        peer_source_ip: None,
     })];
     for i in 2..=agents {
         let id = format!("dev-{i}");
@@ -136,6 +137,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
             compactor: CompactorScope::Off,
             default_replication_factor,
             replica_repair_after: silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER,
+            peer_source_ip: None,
         }));
     }
     let served: Result<Vec<()>> = futures::future::join_all(servers).await.into_iter().collect();
@@ -187,6 +189,8 @@ pub(crate) struct ServeConfig {
     pub default_replication_factor: u32,
     /// How long an agent may be gone before its replicas of sealed segments are copied.
     pub replica_repair_after: std::time::Duration,
+    /// The local address connections to other agents leave from; `None` lets the OS choose.
+    pub peer_source_ip: Option<std::net::IpAddr>,
 }
 
 /// The bucket at `url` as every process uses it: retried, instrumented, and with injected
@@ -231,6 +235,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     agent_config.lease = config.lease;
     agent_config.default_replication_factor = config.default_replication_factor;
     agent_config.replica_repair_after = config.replica_repair_after;
+    agent_config.peer_source_ip = config.peer_source_ip;
     let agent = Agent::start(
         agent_config,
         config.metadata.clone(),

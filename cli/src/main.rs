@@ -137,7 +137,8 @@ enum Cmd {
         #[command(flatten)]
         cache: silt::dev::ColdCacheArgs,
         /// Metadata moves this agent's partitions to another agent when it has not heartbeated
-        /// for this long (0.5s to 10m).
+        /// for this long (0.5s to 10m). An agent that reaches metadata but not the other agents
+        /// hands over each partition whose writer has failed to start for this long.
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         lease: Duration,
         /// Do not archive sealed segments from this agent (a `silt compactor` does it).
@@ -154,6 +155,10 @@ enum Cmd {
         /// copied at once.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         replica_repair_after: Duration,
+        /// Local IP address that connections to other agents leave from, on hosts with
+        /// several addresses. Default: the one the OS routes through.
+        #[arg(long, value_name = "IP")]
+        peer_source_ip: Option<std::net::IpAddr>,
     },
     /// Run the compactor in its own process, for a cluster of `silt agent`s.
     ///
@@ -428,6 +433,7 @@ async fn run(cli: Cli) -> Result<()> {
             no_compactor,
             default_replication_factor,
             replica_repair_after,
+            peer_source_ip,
         } => {
             silt::agent::run(silt::agent::AgentProcessConfig {
                 id,
@@ -441,6 +447,7 @@ async fn run(cli: Cli) -> Result<()> {
                 compactor: !no_compactor,
                 default_replication_factor,
                 replica_repair_after,
+                peer_source_ip,
             })
             .await
         }

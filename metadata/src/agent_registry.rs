@@ -239,6 +239,55 @@ impl MetadataState {
         Ok(Response::Ok)
     }
 
+    pub(crate) fn hand_off_writer(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        agent: &str,
+        epoch: u64,
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        // The clock moves only when the command applies: a refused one changes nothing.
+        let now = self.clock_ms.max(now_ms);
+        let p = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?
+            .partitions
+            .get(partition as usize)
+            .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })?;
+        if p.writer.as_deref() != Some(agent) || p.epoch != epoch {
+            return Err(MetadataError::Fenced { expected: epoch, actual: p.epoch });
+        }
+        let members: Vec<&String> = p.open_segment().map(|o| o.ensemble.iter().collect()).unwrap_or_default();
+        let mut load: std::collections::BTreeMap<&str, usize> = self
+            .agents
+            .values()
+            .filter(|a| a.id != agent && a.is_live(now))
+            .map(|a| (a.id.as_str(), 0))
+            .collect();
+        for w in self.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.writer.as_deref()) {
+            if let Some(n) = load.get_mut(w) {
+                *n += 1;
+            }
+        }
+        // A member of the open segment holds its tail: the recovery needs it anyway.
+        let Some(next) = load
+            .iter()
+            .min_by_key(|(id, n)| (!members.iter().any(|m| m == *id), **n, **id))
+            .map(|(id, _)| id.to_string())
+        else {
+            return Err(MetadataError::InvalidArgument(format!(
+                "no agent other than '{agent}' is live to take over {topic}/{partition}"
+            )));
+        };
+        self.advance_clock(now_ms);
+        let p = self.partition_mut(topic, partition)?;
+        p.writer = Some(next.clone());
+        p.epoch += 1;
+        Ok(Response::Writer { agent: next, epoch: p.epoch })
+    }
+
     fn check_incarnation(&self, agent: &str, incarnation: u64) -> Result<(), MetadataError> {
         match self.agents.get(agent) {
             Some(a) if a.incarnation == incarnation => Ok(()),
@@ -391,6 +440,56 @@ mod tests {
             now_ms: 0,
         });
         assert_eq!(r, Response::Ok);
+    }
+
+    fn hand_off(s: &mut MetadataState, agent: &str, epoch: u64, now_ms: u64) -> Response {
+        s.apply(&Command::HandOffWriter {
+            topic: "t".into(),
+            partition: 0,
+            agent: agent.into(),
+            epoch,
+            now_ms,
+        })
+    }
+
+    #[test]
+    fn a_writer_hands_its_partition_to_a_live_holder_of_the_open_segment_first() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 2, 0);
+        let (b, c) = (register(&mut s, "b", 0), register(&mut s, "c", 0));
+        assert_eq!(writers(&s, "t"), vec![(Some("a".into()), 1), (Some("a".into()), 1)]);
+        open_segment(&mut s, "t", 0, &["a", "c"]);
+        // b writes nothing and c holds the open segment: c takes it.
+        assert_eq!(hand_off(&mut s, "a", 1, 100), Response::Writer { agent: "c".into(), epoch: 2 });
+        assert_eq!(writers(&s, "t")[0], (Some("c".into()), 2));
+
+        // Refused, changing nothing: an agent that is not the writer, a stale epoch.
+        let before = s.clone();
+        for (agent, epoch) in [("a", 2), ("c", 1)] {
+            assert!(
+                matches!(
+                    hand_off(&mut s, agent, epoch, 100),
+                    Response::Error { error: MetadataError::Fenced { .. } }
+                ),
+                "{agent} at epoch {epoch}"
+            );
+        }
+        assert_eq!(s, before);
+
+        // c's only holder-peer a lapses: the live agent with the fewest partitions, b.
+        heartbeat(&mut s, "b", b, 900);
+        heartbeat(&mut s, "c", c, 900);
+        heartbeat(&mut s, "b", b, 1_500);
+        heartbeat(&mut s, "c", c, 1_500);
+        assert_eq!(hand_off(&mut s, "c", 2, 1_500), Response::Writer { agent: "b".into(), epoch: 3 });
+
+        // Nobody else live: refused, the writer keeps the partition.
+        heartbeat(&mut s, "b", b, 2_400);
+        let before = s.clone();
+        let r = hand_off(&mut s, "b", 3, 3_000);
+        assert!(matches!(r, Response::Error { error: MetadataError::InvalidArgument(_) }), "{r:?}");
+        assert_eq!(s, before);
     }
 
     #[test]

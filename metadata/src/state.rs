@@ -418,6 +418,22 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// A writer that cannot reach a quorum of agents while metadata counts them live (it is
+    /// cut off from them, not from metadata) hands its partition to another live agent: a live
+    /// member of the open segment's ensemble if there is one, else the live agent with the
+    /// fewest partitions. The epoch is bumped; refused when no other agent is live.
+    HandOffWriter {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The agent handing the partition off; must be its writer.
+        agent: String,
+        /// The partition's epoch the agent writes under; must be the current one.
+        epoch: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
     /// An agent leaves on purpose: its lease ends now, so its partitions get new writers at once.
     DeregisterAgent {
         /// Agent id.
@@ -443,6 +459,13 @@ pub enum Response {
     /// The partition's epoch after a writer claim.
     Epoch {
         /// New epoch.
+        epoch: u64,
+    },
+    /// A partition's writer and epoch after a hand-off.
+    Writer {
+        /// The new writer.
+        agent: String,
+        /// The new epoch.
         epoch: u64,
     },
     /// A member's view of its group after join or heartbeat.
@@ -475,6 +498,7 @@ impl Command {
             Command::RegisterAgent { now_ms, .. }
             | Command::AgentHeartbeat { now_ms, .. }
             | Command::DeregisterAgent { now_ms, .. }
+            | Command::HandOffWriter { now_ms, .. }
             | Command::CreateTopic { now_ms, .. }
             | Command::JoinGroup { now_ms, .. } => *now_ms = now,
             _ => {}
@@ -882,6 +906,9 @@ impl MetadataState {
             Command::DeregisterAgent { agent, incarnation, now_ms } => {
                 self.deregister_agent(agent, *incarnation, *now_ms)
             }
+            Command::HandOffWriter { topic, partition, agent, epoch, now_ms } => {
+                self.hand_off_writer(topic, *partition, agent, *epoch, *now_ms)
+            }
         }
     }
 
@@ -900,7 +927,11 @@ impl MetadataState {
         }
     }
 
-    fn partition_mut(&mut self, topic: &str, partition: u32) -> Result<&mut Partition, MetadataError> {
+    pub(crate) fn partition_mut(
+        &mut self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<&mut Partition, MetadataError> {
         let t = self.topics.get_mut(topic).ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?;
         t.partitions
             .get_mut(partition as usize)

@@ -632,6 +632,8 @@ struct ProxyState {
     target: std::sync::Mutex<String>,
     /// Replaced on every cut: connections end when theirs is cancelled.
     cut: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+    /// Source addresses whose connections are refused (and dropped when blocked).
+    blocked: tokio::sync::watch::Sender<std::collections::HashSet<std::net::IpAddr>>,
 }
 
 impl Proxy {
@@ -643,13 +645,16 @@ impl Proxy {
         let state = std::sync::Arc::new(ProxyState {
             target: std::sync::Mutex::new(target.to_string()),
             cut: std::sync::Mutex::new(Some(open)),
+            blocked: tokio::sync::watch::channel(Default::default()).0,
         });
         let shared = std::sync::Arc::clone(&state);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((inbound, _)) = listener.accept().await else { continue };
+                let Ok((inbound, from)) = listener.accept().await else { continue };
                 let stop = shared.cut.lock().expect("proxy").as_ref().map(|tx| tx.subscribe());
-                let Some(mut stop) = stop else {
+                let mut blocked = shared.blocked.subscribe();
+                let Some(mut stop) = stop.filter(|_| !blocked.borrow_and_update().contains(&from.ip()))
+                else {
                     drop(inbound);
                     continue;
                 };
@@ -657,9 +662,18 @@ impl Proxy {
                 tokio::spawn(async move {
                     let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { return };
                     let (mut inbound, mut outbound) = (inbound, outbound);
+                    let source_blocked = async {
+                        while blocked.changed().await.is_ok() {
+                            if blocked.borrow_and_update().contains(&from.ip()) {
+                                return;
+                            }
+                        }
+                        std::future::pending::<()>().await
+                    };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = stop.changed() => {}
+                        _ = source_blocked => {}
                     }
                 });
             }
@@ -682,6 +696,22 @@ impl Proxy {
         if let Some(tx) = self.state.cut.lock().expect("proxy").take() {
             let _ = tx.send(true);
         }
+    }
+
+    /// Drops the connections from `source` and refuses new ones until [`Proxy::unblock`]:
+    /// with processes that connect from addresses of their own (127.0.0.2, ...), a cut
+    /// between two of them that leaves the others connected.
+    pub fn block(&self, source: std::net::IpAddr) {
+        self.state.blocked.send_modify(|b| {
+            b.insert(source);
+        });
+    }
+
+    /// Lets connections from `source` through again.
+    pub fn unblock(&self, source: std::net::IpAddr) {
+        self.state.blocked.send_modify(|b| {
+            b.remove(&source);
+        });
     }
 
     /// Lets connections through again.

@@ -1,7 +1,8 @@
 //! The replicated hot tail under faults: three real `silt metadata` processes and three
 //! `silt agent` processes on loopback, topics with `replication.factor=3` (W = 2), producers
 //! writing keyed messages with acknowledgements while agents are killed, paused past their
-//! lease, cut off from the others by a TCP proxy and restarted with their disks wiped. A checker then reads everything back: no
+//! lease, cut off from the others by a TCP proxy (from metadata too, or only from the other
+//! agents) and restarted with their disks wiped. A checker then reads everything back: no
 //! acknowledged message is lost, none moved, each offset holds one message, and each
 //! producer's messages keep their order within a partition.
 
@@ -52,7 +53,7 @@ impl Cluster {
                 metadata: to_metadata.iter().map(|p| p.addr().to_string()).collect(),
                 object_store: objects.clone(),
                 lease: LEASE.into(),
-                extra: ["--advertise", inbound.addr()]
+                extra: ["--advertise", inbound.addr(), "--peer-source-ip", &source_ip(i - 1).to_string()]
                     .into_iter()
                     .chain(extra.iter().copied())
                     .map(String::from)
@@ -132,6 +133,49 @@ impl Cluster {
         to_metadata.iter().for_each(Proxy::heal);
     }
 
+    /// Cuts agent `i` off from the other agents, both ways, but not from metadata (nor from
+    /// clients): its lease holds.
+    fn cut_from_agents(&self, i: usize) {
+        self.networks[i].0.cut();
+        for (_, (inbound, _)) in self.networks.iter().enumerate().filter(|(j, _)| *j != i) {
+            inbound.block(source_ip(i));
+        }
+    }
+
+    fn heal_from_agents(&self, i: usize) {
+        self.networks[i].0.heal();
+        for (inbound, _) in &self.networks {
+            inbound.unblock(source_ip(i));
+        }
+    }
+
+    /// Waits until metadata names another writer than `writer` for each of `partitions`, and
+    /// returns the state that did. Fails after 60 s.
+    async fn writers_moved_from(&self, topic: &str, writer: &str, partitions: &[u32]) -> MetadataState {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.state().await;
+            let still: Vec<u32> = match &s {
+                Some(s) => partitions
+                    .iter()
+                    .copied()
+                    .filter(|p| s.topics[topic].partitions[*p as usize].writer.as_deref() == Some(writer))
+                    .collect(),
+                None => partitions.to_vec(),
+            };
+            if let Some(s) = s.as_ref().filter(|_| still.is_empty()) {
+                return s.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{writer} still writes partitions {still:?} of {topic} 60 s after the fault; agents: {:?}\nlogs:\n{}",
+                s.map(|s| s.agents),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The writer of a partition and the members of its open segment, once metadata has both.
     async fn writer_and_followers(&self, topic: &str, partition: usize) -> (String, Vec<String>) {
         wait_for("a writer with an open segment", Duration::from_secs(30), || async {
@@ -144,6 +188,12 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// The address agent `i` (from 0) connects to the other agents from: its own, so that a proxy
+/// can tell its connections apart.
+fn source_ip(i: usize) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2 + i as u8))
 }
 
 fn r3() -> BTreeMap<String, String> {
@@ -406,7 +456,7 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
             "pause the writer",
             "wipe the writer",
             "isolate the writer",
-            "kill the writer",
+            "cut the writer from the agents",
         ];
         // `SILT_TEST_FAULT` runs one kind only, in every round.
         let only = std::env::var("SILT_TEST_FAULT").ok();
@@ -441,25 +491,20 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
                 cluster.isolate(w);
                 // Clients still reach it, and until the new writer fences its followers it may
                 // still be acknowledged: recovery is an acknowledgement after the takeover.
-                let deadline = Instant::now() + Duration::from_secs(60);
-                loop {
-                    let s = cluster.state().await;
-                    let p = s.as_ref().map(|s| &s.topics["events"].partitions[partition as usize]);
-                    if p.is_some_and(|p| p.writer.as_deref() != Some(writer.as_str())) {
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "{writer} is still writer of partition {partition} 60 s after it was cut off; agents: {:?}\nlogs:\n{}",
-                        s.map(|s| s.agents),
-                        cluster.logs()
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                cluster.writers_moved_from("events", &writer, &[partition]).await;
                 let moved = Instant::now();
                 let took = producers.acked_after(partition, moved, &cluster).await + (moved - at);
                 recoveries.entry(fault).or_default().push(took);
                 cluster.heal(w);
+            }
+            "cut the writer from the agents" => {
+                // It still reaches metadata, so its lease holds: it hands its partitions over.
+                cluster.cut_from_agents(w);
+                cluster.writers_moved_from("events", &writer, &[partition]).await;
+                let moved = Instant::now();
+                let took = producers.acked_after(partition, moved, &cluster).await + (moved - at);
+                recoveries.entry(fault).or_default().push(took);
+                cluster.heal_from_agents(w);
             }
             "pause the writer" => {
                 // Past its lease: another agent takes over; the paused one wakes up deposed.
@@ -521,6 +566,64 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
             percentile(&times, 0.99).as_millis()
         );
     }
+    for agent in &cluster.agents {
+        check(&agent.client(), "events", &acked).await;
+    }
+}
+
+/// An agent that reaches metadata but none of the other agents keeps its lease, so nobody would
+/// take its partitions over; it cannot reach the replicas it needs either. Its writers hand
+/// their partitions to other agents, and producers carry on through those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_cut_off_from_the_other_agents_but_not_from_metadata_hands_its_partitions_over() {
+    let cluster = Cluster::start().await;
+    cluster.agents[0].client().create_topic("events", PARTITIONS, &r3()).await.expect("create topic");
+    for p in 0..PARTITIONS as usize {
+        cluster.writer_and_followers("events", p).await;
+    }
+    let (writer, _) = cluster.writer_and_followers("events", 0).await;
+    let w = cluster.index_of(&writer);
+    let producers = Producers::start(3, "events", Arc::clone(&cluster.urls));
+    wait_for("acknowledged messages", Duration::from_secs(30), || async {
+        (producers.acked_count() >= 300).then_some(())
+    })
+    .await;
+
+    cluster.cut_from_agents(w);
+    let cut = Instant::now();
+    let all: Vec<u32> = (0..PARTITIONS).collect();
+    let s = cluster.writers_moved_from("events", &writer, &all).await;
+    let moved = Instant::now();
+    // The lease held all along: the partitions moved because their writer handed them over,
+    // not because metadata gave up on it.
+    assert!(s.agents[&writer].is_live(s.clock_ms), "{writer}'s lease lapsed; agents: {:?}", s.agents);
+    for p in 0..PARTITIONS {
+        producers.acked_after(p, moved, &cluster).await;
+    }
+    eprintln!("{writer}'s partitions moved {} ms after it was cut off", (moved - cut).as_millis());
+    // Operators see why in its metrics (clients still reach it).
+    let metrics = cluster.agents[w].client().metrics().await.expect("metrics");
+    let handoffs = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("silt_agent_writer_handoffs_total ")?.parse::<u64>().ok());
+    assert!(handoffs.is_some_and(|n| n >= 1), "no hand-off counted: {handoffs:?}");
+    cluster.heal_from_agents(w);
+    let since = Instant::now();
+    for p in 0..PARTITIONS {
+        producers.acked_after(p, since, &cluster).await;
+    }
+    // The agents left it out of their ensembles while it did not answer; once it does again,
+    // new segments are on all three.
+    wait_for("every open segment on three agents after healing", Duration::from_secs(60), || async {
+        let s = cluster.state().await?;
+        s.topics["events"]
+            .partitions
+            .iter()
+            .all(|p| p.open_segment().is_some_and(|open| open.ensemble.len() == 3))
+            .then_some(())
+    })
+    .await;
+    let acked = producers.stop().await;
     for agent in &cluster.agents {
         check(&agent.client(), "events", &acked).await;
     }
