@@ -1139,6 +1139,22 @@ impl Agent {
         Ok(self.topic_local(name).unwrap_or(topic))
     }
 
+    /// Alters some of a topic's configs, all or none (`replication.factor` cannot change).
+    /// Requests read them from metadata; writers pick them up on their next tick (within a
+    /// second), a new `min.insync.replicas` with a new segment.
+    pub async fn alter_topic_config(
+        &self,
+        name: &str,
+        config: BTreeMap<String, String>,
+    ) -> Result<Topic, ApiError> {
+        let id = self.topic_info(name).await?.id;
+        self.inner
+            .metadata
+            .write(Command::AlterTopicConfig { name: name.to_string(), topic_id: Some(id), config })
+            .await?;
+        Ok(self.inner.metadata.read(|s| s.topic(name).cloned()).await??)
+    }
+
     /// Deletes a topic: metadata first, then the local data.
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
         let t = self.topic(name).await?;

@@ -37,7 +37,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/topics", post(create_topic).get(list_topics))
-        .route("/v1/topics/{topic}", get(describe_topic).delete(delete_topic))
+        .route("/v1/topics/{topic}", get(describe_topic).delete(delete_topic).patch(alter_topic))
         .route("/v1/topics/{topic}/messages", post(produce))
         .route("/v1/topics/{topic}/partitions/{partition}/batches", post(produce_batch).get(replay_batches))
         .route("/v1/topics/{topic}/partitions/{partition}/messages", get(replay))
@@ -103,6 +103,12 @@ fn one() -> u32 {
     1
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterTopic {
+    config: BTreeMap<String, String>,
+}
+
 /// A topic as the API shows it.
 #[derive(Serialize)]
 pub struct TopicView {
@@ -162,6 +168,16 @@ async fn list_topics(State(agent): State<Agent>) -> ApiResult<Json<serde_json::V
 async fn describe_topic(State(agent): State<Agent>, Path(topic): Path<String>) -> ApiResult<Json<TopicView>> {
     let (t, hwms) = agent.describe_topic(&topic).await?;
     Ok(Json(topic_view(t, Some(hwms))))
+}
+
+async fn alter_topic(
+    State(agent): State<Agent>,
+    Path(topic): Path<String>,
+    body: Result<Json<AlterTopic>, JsonRejection>,
+) -> ApiResult<Json<TopicView>> {
+    let req = json_body(body)?;
+    let t = agent.alter_topic_config(&topic, req.config).await?;
+    Ok(Json(topic_view(t, None)))
 }
 
 async fn delete_topic(State(agent): State<Agent>, Path(topic): Path<String>) -> ApiResult<StatusCode> {

@@ -651,8 +651,8 @@ impl PartitionWriter {
         mut control: mpsc::Receiver<oneshot::Sender<()>>,
         cancel: CancellationToken,
     ) {
-        let tick_ms = (self.config.segment_ms / 4).clamp(25, 1000);
-        let mut tick = tokio::time::interval(Duration::from_millis(tick_ms));
+        let tick_every = |segment_ms: u64| Duration::from_millis((segment_ms / 4).clamp(25, 1000));
+        let mut tick = tokio::time::interval(tick_every(self.config.segment_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
@@ -663,7 +663,16 @@ impl PartitionWriter {
                     None => break,
                 },
                 _ = tick.tick() => {
-                    self.roll_if_old().await;
+                    let quorum_changed = self.refresh_config();
+                    self.roll_if_old(quorum_changed).await;
+                    if self.quorum_lost {
+                        self.abandon().await;
+                        break;
+                    }
+                    if tick.period() != tick_every(self.config.segment_ms) {
+                        tick = tokio::time::interval(tick_every(self.config.segment_ms));
+                        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    }
                     continue;
                 }
                 Some(done) = control.recv() => {
@@ -887,7 +896,28 @@ impl PartitionWriter {
         }
     }
 
-    async fn roll_if_old(&mut self) {
+    /// Picks up configs altered since this writer started (`AlterTopicConfig`). Returns
+    /// whether min.insync.replicas changed: the open segment's ensemble waits for the old
+    /// number of replicas, so the writer moves on to a new segment.
+    fn refresh_config(&mut self) -> bool {
+        let (topic, id) = (self.config.topic.as_str(), self.config.topic_id);
+        let Some(c) = self
+            .metadata
+            .read_local(|s| s.topics.get(topic).filter(|t| t.id == id).map(|t| t.config.clone()))
+        else {
+            return false;
+        };
+        self.config.segment_bytes = c.segment_bytes;
+        self.config.segment_ms = c.segment_ms;
+        self.config.local_retention_ms = c.local_retention_ms;
+        self.config.local_retention_bytes = c.local_retention_bytes;
+        let w = c.write_quorum();
+        std::mem::replace(&mut self.config.write_quorum, w) != w
+    }
+
+    /// Rolls the active segment when it is older than `segment.ms`, or when its ensemble
+    /// should change (a follower left, more agents could join it, or `quorum_changed`).
+    async fn roll_if_old(&mut self, quorum_changed: bool) {
         if self.failed.is_some() {
             return;
         }
@@ -904,15 +934,16 @@ impl PartitionWriter {
         let old = self
             .first_append_at
             .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
-        let degraded = self.ensemble.as_ref().is_some_and(|e| {
-            // A follower left, or lost its disk (it registered from another data directory),
-            // or the segment opened with fewer replicas than replication.factor and more
-            // agents are live now.
-            e.degraded() || self.ensemble_can_improve(e.size())
-        });
+        let degraded = quorum_changed
+            || self.ensemble.as_ref().is_some_and(|e| {
+                // A follower left, or lost its disk (it registered from another data directory),
+                // or the segment opened with fewer replicas than replication.factor and more
+                // agents are live now.
+                e.degraded() || self.ensemble_can_improve(e.size())
+            });
         if (old || degraded) && self.log().active().record_count() > 0 {
             if degraded {
-                info!("the open segment's ensemble lost a follower or can grow; rolling to a segment with a new ensemble");
+                info!(quorum_changed, "the open segment's ensemble lost a follower or can grow, or min.insync.replicas changed; rolling to a segment with a new ensemble");
             }
             self.roll().await;
         } else if degraded {
@@ -1060,7 +1091,16 @@ impl PartitionWriter {
             }
             Err(e) => return Err(e.into()),
         }
-        self.open_segment().await?;
+        if let Err(e) = self.open_segment().await {
+            if matches!(e, StoreError::NotEnoughReplicas(_)) {
+                // Too few agents to open the next segment with: the writer ends like one that
+                // lost its quorum, and the agent starts it again (handing the partition over
+                // if it is this agent that cannot reach the others).
+                self.failed.get_or_insert_with(|| e.to_string());
+                self.quorum_lost = true;
+            }
+            return Err(e);
+        }
         self.roll_pending = None;
         Ok(())
     }

@@ -275,6 +275,17 @@ impl Client {
         self.send(self.http.post(self.url("/v1/topics")).json(&body)).await
     }
 
+    /// Alters some of a topic's configs (Kafka-style names), all or none; answers the topic
+    /// as it is after the change.
+    pub async fn alter_topic_config(
+        &self,
+        name: &str,
+        config: &BTreeMap<String, String>,
+    ) -> Result<serde_json::Value, ClientError> {
+        let body = serde_json::json!({ "config": config });
+        self.send(self.http.patch(self.url(&format!("/v1/topics/{name}"))).json(&body)).await
+    }
+
     /// Lists topics.
     pub async fn list_topics(&self) -> Result<serde_json::Value, ClientError> {
         self.send(self.http.get(self.url("/v1/topics"))).await

@@ -305,8 +305,23 @@ enum TopicCmd {
         #[arg(long, default_value_t = 1)]
         partitions: u32,
         /// Topic config as NAME=VALUE (repeatable): segment.bytes, segment.ms, retention.ms,
-        /// local.retention.ms, max.message.bytes, visibility.timeout.ms, max.deliveries.
+        /// local.retention.ms, local.retention.bytes, max.message.bytes, visibility.timeout.ms,
+        /// max.deliveries, replication.factor, min.insync.replicas.
         #[arg(long = "config", value_name = "NAME=VALUE")]
+        config: Vec<String>,
+    },
+    /// Change some of a topic's configs, all or none; prints the topic as it is after.
+    ///
+    /// Every config but replication.factor can change. Requests use the new values at once;
+    /// partition writers within a second (segment.bytes and segment.ms apply to the open
+    /// segment, a new min.insync.replicas from a new segment on).
+    ///
+    /// Example: silt topic alter orders --config retention.ms=86400000 --config max.message.bytes=2097152
+    Alter {
+        /// Topic name.
+        name: String,
+        /// New value as NAME=VALUE (repeatable, at least one).
+        #[arg(long = "config", value_name = "NAME=VALUE", required = true)]
         config: Vec<String>,
     },
     /// List topics.
@@ -611,14 +626,9 @@ fn unescape(s: &str) -> String {
 async fn topic(cmd: TopicCmd, client: &Client) -> Result<()> {
     let out = match cmd {
         TopicCmd::Create { name, partitions, config } => {
-            let mut map = BTreeMap::new();
-            for c in &config {
-                let (k, v) =
-                    c.split_once('=').with_context(|| format!("--config '{c}' is not NAME=VALUE"))?;
-                map.insert(k.to_string(), v.to_string());
-            }
-            client.create_topic(&name, partitions, &map).await?
+            client.create_topic(&name, partitions, &config_pairs(&config)?).await?
         }
+        TopicCmd::Alter { name, config } => client.alter_topic_config(&name, &config_pairs(&config)?).await?,
         TopicCmd::List => client.list_topics().await?,
         TopicCmd::Describe { name } => client.describe_topic(&name).await?,
         TopicCmd::Delete { name } => {
@@ -628,6 +638,16 @@ async fn topic(cmd: TopicCmd, client: &Client) -> Result<()> {
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// `--config NAME=VALUE` arguments as a map.
+fn config_pairs(args: &[String]) -> Result<BTreeMap<String, String>> {
+    args.iter()
+        .map(|c| {
+            let (k, v) = c.split_once('=').with_context(|| format!("--config '{c}' is not NAME=VALUE"))?;
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
 }
 
 async fn produce(

@@ -210,6 +210,17 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// Change some of a topic's configs (all or none): agents apply them from their next
+    /// housekeeping round on; a new `min.insync.replicas` from the partitions' next segments.
+    AlterTopicConfig {
+        /// Topic name.
+        name: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// New values by Kafka-style name; `replication.factor` cannot change.
+        config: BTreeMap<String, String>,
+    },
     /// Delete a topic and every group's state for it.
     DeleteTopic {
         /// Topic name.
@@ -558,6 +569,13 @@ impl MetadataState {
                     group.topics.remove(name);
                 }
                 self.groups.retain(|_, g| !g.topics.is_empty());
+                Ok(Response::Ok)
+            }
+            Command::AlterTopicConfig { name, topic_id, config } => {
+                self.check_topic_id(name, *topic_id)?;
+                let topic =
+                    self.topics.get_mut(name).ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
+                topic.config = topic.config.altered(config)?;
                 Ok(Response::Ok)
             }
             Command::ClaimWriter { topic, partition, agent, expected_epoch } => {
@@ -1088,6 +1106,45 @@ mod tests {
         assert!(!p.is_archived(15, 25), "two archived segments: not one segment");
         assert!(!p.is_archived(30, 31) && !p.is_archived(25, 35) && !p.is_archived(40, 41));
         assert!(!Partition::default().is_archived(0, 0), "nothing archived yet");
+    }
+
+    #[test]
+    fn a_topics_configs_are_altered_all_or_none() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        let id = s.topics["t"].id;
+        let alter = |topic_id: Option<u64>, pairs: &[(&str, &str)]| Command::AlterTopicConfig {
+            name: "t".into(),
+            topic_id,
+            config: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        assert_eq!(
+            s.apply(&alter(Some(id), &[("retention.ms", "-1"), ("segment.ms", "5000")])),
+            Response::Ok
+        );
+        assert_eq!((s.topics["t"].config.retention_ms, s.topics["t"].config.segment_ms), (None, 5000));
+
+        // One bad entry refuses the whole change; so do an empty one, a replication.factor
+        // change, a rule spanning configs, another topic's id and an unknown topic.
+        let before = s.clone();
+        for (command, why) in [
+            (alter(None, &[("segment.ms", "100"), ("max.deliveries", "0")]), "max.deliveries=0"),
+            (alter(None, &[]), "no config to alter"),
+            (alter(None, &[("replication.factor", "3")]), "replication.factor cannot be altered"),
+            (alter(None, &[("min.insync.replicas", "2")]), "more than replication.factor"),
+            (alter(Some(id + 1), &[("segment.ms", "100")]), "deleted and created again"),
+        ] {
+            let r = s.apply(&command);
+            assert!(
+                matches!(&r, Response::Error { error } if error.to_string().contains(why)),
+                "{command:?}: {r:?}"
+            );
+        }
+        let unknown = Command::AlterTopicConfig { name: "u".into(), topic_id: None, config: BTreeMap::new() };
+        assert!(matches!(s.apply(&unknown), Response::Error { error: MetadataError::UnknownTopic(_) }));
+        assert_eq!(s, before);
+        // Setting replication.factor to what it is already is no change, so it is accepted.
+        assert_eq!(s.apply(&alter(None, &[("replication.factor", "1")])), Response::Ok);
     }
 
     #[test]

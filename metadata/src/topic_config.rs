@@ -92,6 +92,27 @@ impl TopicConfig {
         Ok(config)
     }
 
+    /// This config with `changes` (Kafka-style names) applied, validated as a whole.
+    /// `replication.factor` cannot change: each segment keeps the ensemble it was opened with,
+    /// and the sealed ones would count as under-replicated against a larger one.
+    pub fn altered(&self, changes: &BTreeMap<String, String>) -> Result<Self, MetadataError> {
+        if changes.is_empty() {
+            return Err(MetadataError::InvalidConfig("no config to alter".into()));
+        }
+        let mut config = self.clone();
+        for (name, value) in changes {
+            config.set(name, value)?;
+        }
+        if config.replication_factor != self.replication_factor {
+            return Err(MetadataError::InvalidConfig(format!(
+                "replication.factor cannot be altered after creation (it is {}): create a new topic",
+                self.replication_factor
+            )));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Checks the rules that span several configs.
     pub fn validate(&self) -> Result<(), MetadataError> {
         if let Some(w) = self.min_insync_replicas {

@@ -534,6 +534,38 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
             "invalid_query",
             "",
         ),
+        (
+            Method::PATCH,
+            "/v1/topics/good".into(),
+            Some(r#"{"config":{"max.message.bytes":"4096","replication.factor":"3"}}"#.into()),
+            400,
+            "invalid_config",
+            "replication.factor cannot be altered",
+        ),
+        (
+            Method::PATCH,
+            "/v1/topics/good".into(),
+            Some(r#"{"config":{"segment.ms":"1000","max.deliveries":"0"}}"#.into()),
+            400,
+            "invalid_config",
+            "max.deliveries=0",
+        ),
+        (
+            Method::PATCH,
+            "/v1/topics/good".into(),
+            Some(r#"{"config":{}}"#.into()),
+            400,
+            "invalid_config",
+            "no config",
+        ),
+        (
+            Method::PATCH,
+            "/v1/topics/nope".into(),
+            Some(r#"{"config":{"segment.ms":"1000"}}"#.into()),
+            404,
+            "unknown_topic",
+            "'nope' does not exist",
+        ),
         (Method::GET, "/v1/groups/nobody".into(), None, 404, "unknown_group", ""),
         (Method::GET, "/v2/whatever".into(), None, 404, "not_found", ""),
     ];
@@ -546,6 +578,8 @@ async fn bad_input_gets_a_clear_error_and_changes_nothing() {
     }
     // Nothing changed: still one message in partition 0, none in 1, only one topic.
     let t = client.describe_topic("good").await.expect("describe");
+    assert_eq!(t["config"]["max.message.bytes"], "1024");
+    assert_eq!(t["config"]["segment.ms"], "600000");
     assert_eq!(t["partitions"][0]["high_watermark"], 1);
     assert_eq!(t["partitions"][1]["high_watermark"], 0);
     let topics = client.list_topics().await.expect("list");
@@ -649,6 +683,53 @@ async fn quiet_segments_seal_on_age_and_replay_finds_offsets_by_time() {
     let page = client.replay("quiet", 0, Some(2), None, 10).await.expect("replay mid-batch");
     let values: Vec<&str> = page.messages.iter().filter_map(|m| m.value.as_deref()).collect();
     assert_eq!(values, vec!["m2", "m3", "m4"]);
+}
+
+/// `silt topic alter`: requests use the new values at once, the running writer on its next tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn altered_topic_configs_apply_to_requests_and_to_the_running_writer() {
+    let dev = SiltDev::start();
+    let url = dev.url().to_string();
+    let client = dev.client();
+    // The default segment.ms is ten minutes.
+    create(&client, "tuned", 1, &[]).await;
+    let message = |value: String| OutMessage { value: Some(value), ..Default::default() };
+    client.produce("tuned", &[message("a".into())]).await.expect("produce");
+    let big = message("x".repeat(4096));
+    client.produce("tuned", std::slice::from_ref(&big)).await.expect("4 KiB fits the default limit");
+
+    let altered = silt_cli(
+        &url,
+        &["topic", "alter", "tuned", "--config", "segment.ms=200", "--config", "max.message.bytes=2048"],
+        None,
+    );
+    let altered: serde_json::Value = serde_json::from_str(&altered).expect("the topic as JSON");
+    assert_eq!(altered["config"]["segment.ms"], "200");
+    assert_eq!(altered["config"]["max.message.bytes"], "2048");
+
+    // The writer's open segment seals without another message, as a 200 ms segment does.
+    let sealed = wait_for("the open segment to seal on the new segment.ms", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let t = client.describe_topic("tuned").await.ok()?;
+            let segments = t["partitions"][0]["segments"].as_array()?.clone();
+            segments.iter().find(|s| s["state"] != "open").cloned()
+        }
+    })
+    .await;
+    assert_eq!((sealed["base_offset"].as_u64(), sealed["last_offset"].as_u64()), (Some(0), Some(1)));
+    // The new limit holds at once; a message within it is accepted.
+    match client.produce("tuned", &[big]).await {
+        Err(ClientError::Api { code, .. }) => assert_eq!(code, "message_too_large"),
+        other => panic!("a 4 KiB message past max.message.bytes=2048: {other:?}"),
+    }
+    client.produce("tuned", &[message("y".repeat(1024))]).await.expect("within the new limit");
+    let values: Vec<usize> = replay_all(&client, "tuned", 1)
+        .await
+        .iter()
+        .map(|m| m.value.as_deref().map_or(0, str::len))
+        .collect();
+    assert_eq!(values, vec![1, 4096, 1024]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
