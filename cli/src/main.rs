@@ -283,6 +283,10 @@ enum Cmd {
         /// Stop after this many messages in total.
         #[arg(long)]
         max: Option<u64>,
+        /// Read pages of about this many bytes of keys, values and headers (1 to 67108864;
+        /// default: the agent's, 8 MiB). Smaller pages hold less in memory at a time.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=64 * 1024 * 1024))]
+        max_bytes: Option<u64>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -569,7 +573,7 @@ async fn run(cli: Cli) -> Result<()> {
             };
             consume(&Client::new(&server.server)?, &topic, &group, &member, mode, max, timeout, !no_ack).await
         }
-        Cmd::Replay { topic, partition, from_offset, from_time, max, server } => {
+        Cmd::Replay { topic, partition, from_offset, from_time, max, max_bytes, server } => {
             let from_time_ms = match from_time {
                 Some(t) => Some(
                     humantime::parse_rfc3339_weak(&t)
@@ -582,7 +586,11 @@ async fn run(cli: Cli) -> Result<()> {
                 ),
                 None => None,
             };
-            replay(&Client::new(&server.server)?, &topic, partition, from_offset, from_time_ms, max).await
+            let mut client = Client::new(&server.server)?;
+            if let Some(bytes) = max_bytes {
+                client = client.with_read_max_bytes(bytes as usize);
+            }
+            replay(&client, &topic, partition, from_offset, from_time_ms, max).await
         }
         Cmd::Group { command: GroupCmd::Describe { name }, server } => {
             let g = Client::new(&server.server)?.describe_group(&name).await?;

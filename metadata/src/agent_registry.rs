@@ -18,6 +18,8 @@
 //! back the partitions whose open segment it holds and whose writer has not recovered it yet
 //! (the open segment is still from an older epoch).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::state::{check_name, MetadataState, Response, SegmentState};
@@ -55,6 +57,10 @@ pub struct AgentInfo {
     /// It deregistered: its lease ended then, whatever `lease_ms` says.
     #[serde(default)]
     pub left: bool,
+    /// When it last handed a partition over because it could not reach other agents
+    /// (`HandOffWriter`); rebalancing gives it nothing for a while after.
+    #[serde(default)]
+    pub handed_off_ms: u64,
 }
 
 /// A segment with fewer intact replicas than its topic's `replication.factor`.
@@ -183,6 +189,7 @@ impl MetadataState {
                 last_heartbeat_ms: now,
                 instance: instance.to_string(),
                 left: false,
+                handed_off_ms: 0,
             },
         );
         for p in self.topics.values_mut().flat_map(|t| t.partitions.iter_mut()) {
@@ -218,6 +225,7 @@ impl MetadataState {
             a.last_heartbeat_ms = now;
         }
         self.assign_writers();
+        self.rebalance_writers();
         Ok(Response::Ok)
     }
 
@@ -282,6 +290,9 @@ impl MetadataState {
             )));
         };
         self.advance_clock(now_ms);
+        if let Some(a) = self.agents.get_mut(agent) {
+            a.handed_off_ms = now;
+        }
         let p = self.partition_mut(topic, partition)?;
         p.writer = Some(next.clone());
         p.epoch += 1;
@@ -334,6 +345,75 @@ impl MetadataState {
             *load.entry(agent.clone()).or_default() += 1;
             p.writer = Some(agent);
             p.epoch += 1;
+        }
+    }
+}
+
+/// How many of an agent's leases pass between two partitions moving to it to balance the
+/// writers, and how long it must have been registered before any does.
+pub const REBALANCE_EVERY_LEASES: u64 = 3;
+
+impl MetadataState {
+    /// Moves one partition from the live agent that writes the most to the settled live agent
+    /// that writes the fewest, when they differ by two or more (an agent that joined or came
+    /// back after its partitions moved away gets its share again). One move per
+    /// [`REBALANCE_EVERY_LEASES`] leases of the receiving agent, which must have been registered
+    /// that long (a flapping agent takes nothing) and not have handed a partition over for
+    /// being cut off from the others within that time. A partition whose open segment the receiver
+    /// holds a replica of goes first (its recovery reads the tail locally). The move is a writer
+    /// change like any other: the epoch is bumped and the new writer recovers the open segment.
+    pub(crate) fn rebalance_writers(&mut self) {
+        let now = self.clock_ms;
+        let mut load: BTreeMap<&str, usize> = self.live_agents().map(|a| (a.id.as_str(), 0)).collect();
+        for w in self.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.writer.as_deref()) {
+            if let Some(n) = load.get_mut(w) {
+                *n += 1;
+            }
+        }
+        let settled = |a: &AgentInfo| {
+            let wait = a.lease_ms.saturating_mul(REBALANCE_EVERY_LEASES);
+            [a.registered_ms, a.handed_off_ms, self.last_rebalance_ms]
+                .iter()
+                .all(|t| t.saturating_add(wait) <= now)
+        };
+        let Some((to, to_n)) = load
+            .iter()
+            .filter(|(id, _)| self.agents.get(**id).is_some_and(settled))
+            .min_by_key(|(id, n)| (**n, **id))
+            .map(|(id, n)| (id.to_string(), *n))
+        else {
+            return;
+        };
+        let Some((from, from_n)) = load
+            .iter()
+            .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
+            .map(|(id, n)| (id.to_string(), *n))
+        else {
+            return;
+        };
+        if from_n < to_n + 2 {
+            return;
+        }
+        let mut candidates = self
+            .topics
+            .values_mut()
+            .flat_map(|t| t.partitions.iter_mut())
+            .filter(|p| p.writer.as_deref() == Some(from.as_str()));
+        let mut first = None;
+        let mut held = None;
+        for p in &mut candidates {
+            if p.open_segment().is_some_and(|o| o.ensemble.contains(&to)) {
+                held = Some(p);
+                break;
+            }
+            if first.is_none() {
+                first = Some(p);
+            }
+        }
+        if let Some(p) = held.or(first) {
+            p.writer = Some(to);
+            p.epoch += 1;
+            self.last_rebalance_ms = now;
         }
     }
 }
@@ -440,6 +520,81 @@ mod tests {
             now_ms: 0,
         });
         assert_eq!(r, Response::Ok);
+    }
+
+    #[test]
+    fn a_joining_agent_gets_its_share_of_partitions_one_move_per_three_leases() {
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 0);
+        create(&mut s, "t", 5, 0);
+        open_segment(&mut s, "t", 3, &["a", "b"]);
+        let b = register(&mut s, "b", 100);
+        let count = |s: &MetadataState, agent: &str| {
+            s.topics["t"].partitions.iter().filter(|p| p.writer.as_deref() == Some(agent)).count()
+        };
+        let beat = |s: &mut MetadataState, now: u64| {
+            assert_eq!(heartbeat(s, "a", a, now), Response::Ok);
+            assert_eq!(heartbeat(s, "b", b, now), Response::Ok);
+        };
+        // b has not been registered for three of its leases (1 s each): nothing moves.
+        for now in [500, 1000, 2000, 3000] {
+            beat(&mut s, now);
+            assert_eq!(count(&s, "b"), 0, "at {now}");
+        }
+        // Then one partition moves: the one whose open segment b holds, under a new epoch.
+        beat(&mut s, 3100);
+        assert_eq!(writers(&s, "t")[3], (Some("b".into()), 2));
+        assert_eq!(count(&s, "b"), 1);
+        // The next one only three leases later; then 3 / 2, which stays.
+        for now in [3500, 4000, 5000, 6000] {
+            beat(&mut s, now);
+            assert_eq!(count(&s, "b"), 1, "at {now}");
+        }
+        beat(&mut s, 6100);
+        assert_eq!((count(&s, "a"), count(&s, "b")), (3, 2));
+        for now in (7000..20_000).step_by(500) {
+            beat(&mut s, now);
+        }
+        assert_eq!((count(&s, "a"), count(&s, "b")), (3, 2), "balanced within one: no more moves");
+        // An agent whose lease lapsed takes nothing: b stops heartbeating, its partitions go
+        // back to a, and nothing moves to b while it is gone.
+        for now in (20_000..30_000).step_by(500) {
+            assert_eq!(heartbeat(&mut s, "a", a, now), Response::Ok);
+        }
+        assert_eq!(count(&s, "a"), 5);
+    }
+
+    #[test]
+    fn an_agent_that_handed_partitions_over_gets_none_back_for_three_leases() {
+        let mut s = MetadataState::default();
+        let (a, b) = (register(&mut s, "a", 0), register(&mut s, "b", 0));
+        create(&mut s, "t", 4, 0);
+        let mine: Vec<u32> =
+            (0..4).filter(|p| s.topics["t"].partitions[*p as usize].writer.as_deref() == Some("b")).collect();
+        assert_eq!(mine.len(), 2);
+        // b cannot reach a (but reaches metadata): it hands its partitions over at 100.
+        for p in mine {
+            let epoch = s.topics["t"].partitions[p as usize].epoch;
+            let r = s.apply(&Command::HandOffWriter {
+                topic: "t".into(),
+                partition: p,
+                agent: "b".into(),
+                epoch,
+                now_ms: 100,
+            });
+            assert!(matches!(r, Response::Writer { ref agent, .. } if agent == "a"), "{r:?}");
+        }
+        for now in [1000, 2000, 3000, 3050] {
+            heartbeat(&mut s, "a", a, now);
+            heartbeat(&mut s, "b", b, now);
+            assert!(
+                writers(&s, "t").iter().all(|(w, _)| w.as_deref() == Some("a")),
+                "at {now}: {:?}",
+                writers(&s, "t")
+            );
+        }
+        heartbeat(&mut s, "b", b, 3100);
+        assert_eq!(writers(&s, "t").iter().filter(|(w, _)| w.as_deref() == Some("b")).count(), 1);
     }
 
     fn hand_off(s: &mut MetadataState, agent: &str, epoch: u64, now_ms: u64) -> Response {

@@ -34,6 +34,9 @@ pub struct MetadataState {
     /// time in the state machine never runs backwards.
     #[serde(default)]
     pub clock_ms: u64,
+    /// When a partition last moved to balance the writers (`clock_ms` then).
+    #[serde(default)]
+    pub last_rebalance_ms: u64,
 }
 
 /// A topic and its partitions.
@@ -806,10 +809,16 @@ impl MetadataState {
                     })?;
                 }
                 let p = self.partition_mut(topic, *partition)?;
-                let overlaps = p.segments.values().any(|s| {
-                    let end = s.last_offset.unwrap_or(u64::MAX);
-                    s.base_offset <= *last_offset && *base_offset <= end
-                });
+                // Segments never overlap one another: only the one starting at or before the
+                // object and those starting inside it can overlap it (no scan of the chain:
+                // a rebuild restores every object of a partition this way).
+                use std::ops::Bound::{Excluded, Included};
+                let overlaps = p
+                    .segments
+                    .range(..=*base_offset)
+                    .next_back()
+                    .is_some_and(|(_, s)| s.last_offset.is_none_or(|end| end >= *base_offset))
+                    || p.segments.range((Excluded(*base_offset), Included(*last_offset))).next().is_some();
                 if overlaps {
                     if p.segments.get(base_offset).and_then(|s| s.object_key.as_deref())
                         == Some(object_key.as_str())
@@ -1474,6 +1483,17 @@ mod tests {
         assert_eq!(fresh.topics["r"].partitions.len(), 3);
         assert_eq!(p.next_segment_base(), 20);
         assert!(p.segments.values().all(|s| s.state == SegmentState::Archived));
+        // Objects restored out of order: gaps are fine, overlaps on either side are refused.
+        assert_eq!(fresh.apply(&restore(30, 39, 1)), Response::Ok, "a gap before it");
+        for (base, last) in [(19, 19), (20, 30), (25, 31), (39, 45), (15, 35)] {
+            let r = fresh.apply(&restore(base, last, 1));
+            assert!(matches!(r, Response::Error { .. }), "{base}..={last} overlaps: {r:?}");
+        }
+        assert_eq!(fresh.apply(&restore(20, 29, 1)), Response::Ok, "the gap filled exactly");
+        assert_eq!(
+            fresh.topics["r"].partitions[1].segments.keys().copied().collect::<Vec<_>>(),
+            vec![0, 10, 20, 30]
+        );
     }
 
     proptest! {

@@ -607,6 +607,72 @@ async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_contin
     assert_eq!(values, expected);
 }
 
+/// Produces ten messages to each of the four partitions of `spread`, recording what was
+/// acknowledged. A partition moving at that moment refuses its request; the next round retries.
+async fn produce_round(client: &Client, round: usize, acked: &mut BTreeMap<(u32, u64), String>) {
+    for p in 0..4 {
+        if let Ok(ids) = client.produce("spread", &messages(Some(p), &format!("r{round}"), 10)).await {
+            for (i, id) in ids.iter().enumerate() {
+                assert!(
+                    acked.insert(offset_of(id), format!("r{round}-{i}")).is_none(),
+                    "{id} acknowledged twice"
+                );
+            }
+        }
+    }
+}
+
+/// An agent that joins a running cluster gets its share of the partitions (one moved every
+/// three of its leases, once it has been registered that long) while producers carry on:
+/// every acknowledged message stays at its offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_agent_takes_its_share_of_the_partitions_and_nothing_is_lost() {
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
+    let a1 = agent("a1", &cluster, &objects, "1s");
+    let client = a1.client();
+    client.create_topic("spread", 4, &BTreeMap::new()).await.expect("create topic");
+    let written_by = |s: &MetadataState, agent: &str| {
+        s.topics["spread"].partitions.iter().filter(|p| p.writer.as_deref() == Some(agent)).count()
+    };
+    assert_eq!(written_by(&state(&cluster).await.expect("state"), "a1"), 4);
+    let a2 = agent("a2", &cluster, &objects, "1s");
+
+    let mut acked: BTreeMap<(u32, u64), String> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut round = 0;
+    loop {
+        produce_round(&client, round, &mut acked).await;
+        round += 1;
+        let s = state(&cluster).await.expect("state");
+        if written_by(&s, "a2") == 2 {
+            assert_eq!(written_by(&s, "a1"), 2);
+            break;
+        }
+        assert!(Instant::now() < deadline, "a2 writes {} of 4 partitions after 60 s", written_by(&s, "a2"));
+    }
+    // Both agents keep what they write now: two more rounds through a2 change nothing.
+    produce_round(&a2.client(), round, &mut acked).await;
+    produce_round(&a2.client(), round + 1, &mut acked).await;
+    let s = state(&cluster).await.expect("state");
+    assert_eq!((written_by(&s, "a1"), written_by(&s, "a2")), (2, 2));
+    assert!(acked.len() >= 4 * 10 * 3, "only {} messages acknowledged", acked.len());
+    for p in 0..4u32 {
+        // Right after a move the former writer's copy of metadata may still show its segment
+        // open, and it answers `unavailable` until it catches up: retry.
+        let c2 = a2.client();
+        let log: BTreeMap<u64, String> =
+            wait_for("a replay of the partition", Duration::from_secs(30), || async {
+                try_read_all(&c2, "spread", p).await.ok()
+            })
+            .await
+            .into_iter()
+            .collect();
+        for ((_, offset), value) in acked.range((p, 0)..(p + 1, 0)) {
+            assert_eq!(log.get(offset), Some(value), "{p}/{offset}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segments_left_on_an_agent_that_no_longer_writes_the_partition_stay_readable_until_archived() {
     let (cluster, _tmp, objects) = cluster_and_bucket().await;

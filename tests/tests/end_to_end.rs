@@ -619,6 +619,8 @@ async fn cli_walkthrough_from_the_readme() {
     // Replay touches no group and sees everything.
     let replayed = silt_cli(&url, &["replay", "orders"], None);
     assert_eq!(replayed.lines().count(), 2);
+    // Pages bounded to one byte hold one message each: the same lines.
+    assert_eq!(silt_cli(&url, &["replay", "orders", "--max-bytes", "1"], None), replayed);
     // Each line is the message exactly as the JSON replay shows it, partition after partition.
     let mut shown = Vec::new();
     for p in 0..4 {
