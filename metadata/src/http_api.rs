@@ -6,6 +6,7 @@
 //! | `POST /metadata/write` with a [`Command`](crate::Command) | 200 with the [`Response`](crate::Response) applying it produced (a refused command is `{"type":"error",...}`: it was committed and changed nothing) |
 //! | `GET /metadata/state` | 200 with a [`StateReply`]: a linearizable read of the whole state |
 //! | `GET /metadata/state?after=N` | 200 with a [`StateDelta`]: the same read, but the state only if something was applied after index `N` |
+//! | `GET /metadata/state?after=N&changes=true` | 200 with a [`StateDelta`]: the same, but the commands applied after `N` instead of the state while the leader keeps them (its last 4096 log entries) |
 //! | `GET /metadata/status` | 200 with this node's [`NodeStatus`](crate::NodeStatus) |
 //! | `POST /metadata/members` with a [`MembersRequest`] | 200 with the leader's [`NodeStatus`](crate::NodeStatus) after the change |
 //!
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::node_status::Member;
 use crate::raft_types::NodeId;
-use crate::state::MetadataState;
+use crate::state::{Command, MetadataState};
 
 /// Path of writes.
 pub const WRITE_PATH: &str = "/metadata/write";
@@ -52,7 +53,8 @@ pub struct StateReply {
 }
 
 /// The answer to `GET /metadata/state?after=N`: the whole state only if it changed since the
-/// caller's copy at applied index `N`.
+/// caller's copy at applied index `N`. With `&changes=true`, the commands applied since instead
+/// when the leader still keeps them all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateDelta {
     /// The node that served the read (the leader).
@@ -60,8 +62,21 @@ pub struct StateDelta {
     /// The applied index the answer is current at.
     pub applied_index: Option<u64>,
     /// The whole state, or `None` when nothing was applied after `N` (the caller's copy is
-    /// current).
+    /// current) or when `changes` holds what was.
     pub state: Option<MetadataState>,
+    /// The commands applied after `N` up to `applied_index`, in order: applying them to the
+    /// state at `N` gives the state at `applied_index`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<Change>>,
+}
+
+/// A command applied at a log index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// The log index it was applied at.
+    pub index: u64,
+    /// The command, as applied (its clock stamped by the leader that proposed it).
+    pub command: Command,
 }
 
 /// The body of `POST /metadata/members`: exactly one of the two.

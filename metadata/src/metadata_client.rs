@@ -146,6 +146,14 @@ impl MetadataClient {
         self.call::<(), _>(Method::GET, &path, None, self.inner.options.timeout, Retry::Always).await
     }
 
+    /// Like [`read_state_after`](Self::read_state_after), but answered with the commands
+    /// applied after `after` (in `changes`) while the leader keeps them, so that a copy of the
+    /// state at `after` catches up without fetching it whole.
+    pub async fn read_changes_after(&self, after: u64) -> Result<StateDelta, MetadataError> {
+        let path = format!("{STATE_PATH}?after={after}&changes=true");
+        self.call::<(), _>(Method::GET, &path, None, self.inner.options.timeout, Retry::Always).await
+    }
+
     /// The status of the first node that answers (the leader, if known).
     pub async fn status(&self) -> Result<NodeStatus, MetadataError> {
         self.call::<(), _>(Method::GET, STATUS_PATH, None, self.inner.options.timeout, Retry::Always).await
@@ -248,6 +256,11 @@ impl MetadataClient {
                         }
                         Some(e) if status.is_client_error() => {
                             return Err(MetadataError::InvalidArgument(e.message));
+                        }
+                        // Refused without an error body (a node of another version that does
+                        // not know the request): another node will not take it either.
+                        _ if status.is_client_error() => {
+                            return Err(MetadataError::InvalidArgument(unexpected(&target, status, &bytes)));
                         }
                         _ => {
                             let message = unexpected(&target, status, &bytes);

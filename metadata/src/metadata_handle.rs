@@ -17,6 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::http_api::Change;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
 
 /// How often a remote copy of the state is refreshed when nothing asks for it sooner.
@@ -101,6 +102,9 @@ struct RemoteInner {
     completed: watch::Sender<u64>,
     wake: Notify,
     cancel: CancellationToken,
+    /// Refreshes that fetched the whole state, and those that applied changes.
+    full_reads: AtomicU64,
+    change_reads: AtomicU64,
 }
 
 impl RemoteMetadata {
@@ -116,11 +120,19 @@ impl RemoteMetadata {
                 completed: watch::Sender::new(0),
                 wake: Notify::new(),
                 cancel,
+                full_reads: AtomicU64::new(1),
+                change_reads: AtomicU64::new(0),
             }),
         };
         let refresher = remote.clone();
         tokio::spawn(async move { refresher.run_refresher().await });
         Ok(remote)
+    }
+
+    /// How many refreshes fetched the whole state (the first one included) and how many caught
+    /// up by applying the commands applied since.
+    pub fn refresh_counts(&self) -> (u64, u64) {
+        (self.inner.full_reads.load(Ordering::Relaxed), self.inner.change_reads.load(Ordering::Relaxed))
     }
 
     /// The client this copy reads through.
@@ -150,14 +162,29 @@ impl RemoteMetadata {
         let known = self.inner.state.read().unwrap_or_else(|e| e.into_inner()).1;
         let state = match known {
             Some(index) => {
-                let delta = self.inner.client.read_state_after(index).await?;
-                match delta.state {
-                    Some(state) => self.replace(state, delta.applied_index),
-                    None => self.snapshot(),
+                // Only what changed, while the leader keeps it; a node that does not answer
+                // with changes (an older version) sends the whole state instead.
+                let delta = match self.inner.client.read_changes_after(index).await {
+                    Err(MetadataError::InvalidArgument(_)) => {
+                        self.inner.client.read_state_after(index).await?
+                    }
+                    other => other?,
+                };
+                match (delta.state, delta.changes) {
+                    (Some(state), _) => {
+                        self.inner.full_reads.fetch_add(1, Ordering::Relaxed);
+                        self.replace(state, delta.applied_index)
+                    }
+                    (None, Some(changes)) => {
+                        self.inner.change_reads.fetch_add(1, Ordering::Relaxed);
+                        self.apply_changes(&changes, delta.applied_index)
+                    }
+                    (None, None) => self.snapshot(),
                 }
             }
             None => {
                 let reply = self.inner.client.read_state().await?;
+                self.inner.full_reads.fetch_add(1, Ordering::Relaxed);
                 self.replace(reply.state, reply.applied_index)
             }
         };
@@ -167,6 +194,22 @@ impl RemoteMetadata {
             newer
         });
         Ok(state)
+    }
+
+    /// Applies to the copy the commands it does not include yet (the changes start at or before
+    /// its index: it only moves forward), as the metadata nodes applied them.
+    fn apply_changes(&self, changes: &[Change], applied_index: Option<u64>) -> Arc<MetadataState> {
+        let mut copy = self.inner.state.write().unwrap_or_else(|e| e.into_inner());
+        if applied_index > copy.1 {
+            let from = copy.1;
+            // Copied only if a reader still holds the current one.
+            let state = Arc::make_mut(&mut copy.0);
+            for change in changes.iter().filter(|c| Some(c.index) > from) {
+                state.apply(&change.command);
+            }
+            copy.1 = applied_index;
+        }
+        Arc::clone(&copy.0)
     }
 
     fn replace(&self, state: MetadataState, applied_index: Option<u64>) -> Arc<MetadataState> {

@@ -30,7 +30,7 @@ use crate::network::SingleNodeNetwork;
 use crate::node_status::{Member, NodeStatus};
 use crate::raft_types::{BasicNode, LogId, NodeId, Raft, RaftMetrics, TypeConfig};
 use crate::state::{Command, MetadataState, Response};
-use crate::state_machine_store::StateMachineStore;
+use crate::state_machine_store::{Changes, StateMachineStore};
 use crate::MetadataError;
 
 /// How long a write or a linearizable read may take before it fails as `Unavailable`, unless
@@ -391,6 +391,34 @@ impl MetadataNode {
         &self,
         timeout: Duration,
     ) -> Result<(Option<u64>, MetadataState), LeaderError> {
+        self.confirm_leadership(timeout).await?;
+        // The state and the applied index are read under different locks: retry until they
+        // agree, else report the index from before the read (a lower bound).
+        for _ in 0..3 {
+            let before = self.state_machine.last_applied();
+            let state = self.state_machine.read(|s| s.clone());
+            if self.state_machine.last_applied() == before {
+                return Ok((before.map(|l| l.index), state));
+            }
+        }
+        let before = self.state_machine.last_applied();
+        Ok((before.map(|l| l.index), self.state_machine.read(|s| s.clone())))
+    }
+
+    /// A linearizable read of what changed after log index `after` (see
+    /// [`StateMachineStore::changes_after`]), and the index it reaches.
+    pub(crate) async fn read_changes(
+        &self,
+        timeout: Duration,
+        after: u64,
+    ) -> Result<(Option<u64>, Changes), LeaderError> {
+        self.confirm_leadership(timeout).await?;
+        Ok(self.state_machine.changes_after(after))
+    }
+
+    /// Confirms with a quorum that this node leads, so that what it applied includes every
+    /// write acknowledged before the call.
+    async fn confirm_leadership(&self, timeout: Duration) -> Result<(), LeaderError> {
         let confirmed =
             tokio::time::timeout(timeout, self.raft.ensure_linearizable()).await.map_err(|_| {
                 LeaderError::Retry(format!(
@@ -410,17 +438,7 @@ impl MetadataNode {
             }
             Err(RaftError::Fatal(f)) => return Err(LeaderError::Retry(stopped(&f).to_string())),
         }
-        // The state and the applied index are read under different locks: retry until they
-        // agree, else report the index from before the read (a lower bound).
-        for _ in 0..3 {
-            let before = self.state_machine.last_applied();
-            let state = self.state_machine.read(|s| s.clone());
-            if self.state_machine.last_applied() == before {
-                return Ok((before.map(|l| l.index), state));
-            }
-        }
-        let before = self.state_machine.last_applied();
-        Ok((before.map(|l| l.index), self.state_machine.read(|s| s.clone())))
+        Ok(())
     }
 
     /// Where a request that needs the leader should go, from this node's current metrics.

@@ -37,7 +37,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::http_api::{
-    ErrorBody, ErrorDetail, MembersRequest, Outcome, StateDelta, StateReply, CODE_INVALID_ARGUMENT,
+    Change, ErrorBody, ErrorDetail, MembersRequest, Outcome, StateDelta, StateReply, CODE_INVALID_ARGUMENT,
     CODE_INVALID_JSON, CODE_UNAVAILABLE, FORWARDED_HEADER, LEADER_HEADER, MEMBERS_PATH, STATE_PATH,
     STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
@@ -46,6 +46,7 @@ use crate::metadata_node::{LeaderError, Route};
 use crate::node_status::Member;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::state::Command;
+use crate::state_machine_store::Changes;
 use crate::MetadataNode;
 
 /// Largest Raft RPC body: a batch of log entries or one snapshot chunk.
@@ -242,11 +243,44 @@ async fn write(State(s): Shared, headers: HeaderMap, body: Result<Json<Command>,
     }
 }
 
-/// `?after=N`: answer a [`StateDelta`] instead of the whole state.
+/// `?after=N`: answer a [`StateDelta`] instead of the whole state; with `&changes=true`, the
+/// commands applied after `N` when this node still keeps them.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StateQuery {
     after: Option<u64>,
+    #[serde(default)]
+    changes: bool,
+}
+
+/// The answer of a state read this node leads: the whole state, or, after index `after`,
+/// nothing, the commands applied since (when asked for and still kept) or the whole state.
+async fn answer_state(
+    s: &Server,
+    after: Option<u64>,
+    changes: bool,
+    timeout: Duration,
+) -> Result<Response, LeaderError> {
+    let node_id = s.node.node_id();
+    let Some(n) = after else {
+        let (applied_index, state) = s.node.read_state(timeout).await?;
+        return Ok(s.ok(StateReply { node_id, applied_index, state }));
+    };
+    if !changes {
+        let (applied_index, state) = s.node.read_state(timeout).await?;
+        let unchanged = applied_index.is_some_and(|i| i <= n);
+        let state = (!unchanged).then_some(state);
+        return Ok(s.ok(StateDelta { node_id, applied_index, state, changes: None }));
+    }
+    let (applied_index, changes) = s.node.read_changes(timeout, n).await?;
+    let (state, changes) = match changes {
+        Changes::Unchanged => (None, None),
+        Changes::State(state) => (Some(state), None),
+        Changes::Commands(commands) => {
+            (None, Some(commands.into_iter().map(|(index, command)| Change { index, command }).collect()))
+        }
+    };
+    Ok(s.ok(StateDelta { node_id, applied_index, state, changes }))
 }
 
 async fn read_state(State(s): Shared, headers: HeaderMap, Query(query): Query<StateQuery>) -> Response {
@@ -254,22 +288,16 @@ async fn read_state(State(s): Shared, headers: HeaderMap, Query(query): Query<St
     let deadline = deadline(&headers, s.node.request_timeout());
     let forwarded = headers.contains_key(FORWARDED_HEADER);
     let after = query.after;
-    let path = after.map_or_else(|| STATE_PATH.to_string(), |n| format!("{STATE_PATH}?after={n}"));
+    let path = match after {
+        None => STATE_PATH.to_string(),
+        Some(n) if query.changes => format!("{STATE_PATH}?after={n}&changes=true"),
+        Some(n) => format!("{STATE_PATH}?after={n}"),
+    };
     let mut last: String;
     loop {
         match s.node.route() {
-            Route::Local => match s.node.read_state(remaining(deadline)).await {
-                Ok((applied_index, state)) => {
-                    let node_id = s.node.node_id();
-                    return match after {
-                        None => s.ok(StateReply { node_id, applied_index, state }),
-                        Some(n) => {
-                            let unchanged = applied_index.is_some_and(|i| i <= n);
-                            let state = (!unchanged).then_some(state);
-                            s.ok(StateDelta { node_id, applied_index, state })
-                        }
-                    };
-                }
+            Route::Local => match answer_state(&s, after, query.changes, remaining(deadline)).await {
+                Ok(answer) => return answer,
                 Err(LeaderError::NotLeader) => {
                     last = format!("metadata node {} lost its leadership", s.node.node_id())
                 }

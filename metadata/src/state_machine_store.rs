@@ -10,6 +10,7 @@
 //! Readers run closures over the current state with [`StateMachineStore::read`] and wait for
 //! changes with [`StateMachineStore::subscribe`].
 
+use std::collections::VecDeque;
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,9 +26,12 @@ use crate::frame;
 use crate::raft_types::{
     Entry, EntryPayload, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
-use crate::state::{MetadataState, Response};
+use crate::state::{Command, MetadataState, Response};
 
 const SNAPSHOT_FILE: &str = "snapshot";
+/// Most applied log entries kept in memory for [`StateMachineStore::changes_after`]: copies of
+/// the state that far behind catch up by replaying commands instead of fetching it whole.
+pub const RECENT_ENTRIES_MAX: usize = 4096;
 /// Largest snapshot file section accepted when reading one back (4 GiB - 1, the frame limit).
 const SNAPSHOT_BYTES_MAX: usize = u32::MAX as usize;
 
@@ -52,6 +56,20 @@ struct Applied {
     state: MetadataState,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
+    /// The latest applied entries by log index, without gaps: the command of a normal entry,
+    /// `None` for the others (blank, membership). Emptied when a snapshot is installed.
+    recent: VecDeque<(u64, Option<Command>)>,
+}
+
+/// What changed in the state after a log index (see [`StateMachineStore::changes_after`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// Nothing was applied after it.
+    Unchanged,
+    /// The commands applied after it, with their log indexes, in order.
+    Commands(Vec<(u64, Command)>),
+    /// The entries after it are no longer kept: the whole state.
+    State(MetadataState),
 }
 
 #[derive(Clone)]
@@ -77,11 +95,13 @@ impl StateMachineStore {
                 })?,
                 last_applied: s.meta.last_log_id,
                 last_membership: s.meta.last_membership.clone(),
+                recent: VecDeque::new(),
             },
             None => Applied {
                 state: MetadataState::default(),
                 last_applied: None,
                 last_membership: StoredMembership::default(),
+                recent: VecDeque::new(),
             },
         };
         tracing::info!(
@@ -106,6 +126,29 @@ impl StateMachineStore {
     /// Runs `f` over the current state, as of the last applied entry.
     pub fn read<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> T {
         f(&self.applied().state)
+    }
+
+    /// What was applied after log index `after`, and the index that reaches, read together:
+    /// the commands if every entry since is still kept (a copy of the state at `after` that
+    /// applies them in order equals this one), else the whole state.
+    pub fn changes_after(&self, after: u64) -> (Option<u64>, Changes) {
+        let applied = self.applied();
+        let last = applied.last_applied.map(|l| l.index);
+        if last.is_none_or(|l| l <= after) {
+            return (last, Changes::Unchanged);
+        }
+        let kept = applied.recent.front().is_some_and(|(first, _)| *first <= after + 1)
+            && applied.recent.back().map(|(i, _)| *i) == last;
+        if !kept {
+            return (last, Changes::State(applied.state.clone()));
+        }
+        let commands = applied
+            .recent
+            .iter()
+            .filter(|(i, _)| *i > after)
+            .filter_map(|(i, c)| c.clone().map(|c| (*i, c)))
+            .collect();
+        (last, Changes::Commands(commands))
     }
 
     /// The id of the last applied log entry.
@@ -193,14 +236,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let mut applied = self.applied_mut();
             for entry in entries {
                 applied.last_applied = Some(entry.log_id);
-                let response = match entry.payload {
-                    EntryPayload::Blank => Response::Ok,
-                    EntryPayload::Normal(command) => applied.state.apply(&command),
+                let (response, command) = match entry.payload {
+                    EntryPayload::Blank => (Response::Ok, None),
+                    EntryPayload::Normal(command) => (applied.state.apply(&command), Some(command)),
                     EntryPayload::Membership(membership) => {
                         applied.last_membership = StoredMembership::new(Some(entry.log_id), membership);
-                        Response::Ok
+                        (Response::Ok, None)
                     }
                 };
+                // A gap (the first entries after a restart follow the snapshot, not what was
+                // kept) starts the record afresh.
+                if applied.recent.back().is_some_and(|(i, _)| *i + 1 != entry.log_id.index) {
+                    applied.recent.clear();
+                }
+                applied.recent.push_back((entry.log_id.index, command));
+                if applied.recent.len() > RECENT_ENTRIES_MAX {
+                    applied.recent.pop_front();
+                }
                 responses.push(response);
             }
             applied.last_applied
@@ -231,6 +283,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.state = state;
             applied.last_applied = meta.last_log_id;
             applied.last_membership = meta.last_membership.clone();
+            applied.recent.clear();
         }
         self.inner.changes.send_replace(meta.last_log_id);
         tracing::info!(snapshot = %meta.snapshot_id, "installed a metadata snapshot");
@@ -297,6 +350,42 @@ mod tests {
             log_id: log_id(index),
             payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1])], nodes)),
         }
+    }
+
+    /// A copy of the state at some index catches up by applying the commands after it, until
+    /// the store no longer keeps them all.
+    #[tokio::test]
+    async fn changes_after_an_index_rebuild_the_state_from_a_copy_at_that_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = StateMachineStore::open(dir.path()).unwrap();
+        assert_eq!(sm.changes_after(0), (None, Changes::Unchanged));
+        sm.apply([membership(1), create_topic(2, "a")]).await.unwrap();
+        let copy_at_2 = sm.read(|s| s.clone());
+        assert_eq!(sm.changes_after(2), (Some(2), Changes::Unchanged));
+        let blank = |index| Entry { log_id: log_id(index), payload: EntryPayload::Blank };
+        sm.apply([create_topic(3, "b"), blank(4), create_topic(5, "a"), create_topic(6, "c")]).await.unwrap();
+        let (index, changes) = sm.changes_after(2);
+        assert_eq!(index, Some(6));
+        let Changes::Commands(commands) = changes else { panic!("{changes:?}") };
+        assert_eq!(commands.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![3, 5, 6], "commands only");
+        let mut copy = copy_at_2;
+        for (_, c) in &commands {
+            copy.apply(c);
+        }
+        assert_eq!(copy, sm.read(|s| s.clone()), "the refused duplicate is refused on the copy too");
+
+        // Once the entries after an index are no longer all kept: the whole state.
+        let many: Vec<Entry> = (7..7 + RECENT_ENTRIES_MAX as u64).map(blank).collect();
+        sm.apply(many).await.unwrap();
+        let last = 6 + RECENT_ENTRIES_MAX as u64;
+        assert!(
+            matches!(sm.changes_after(6), (Some(l), Changes::Commands(ref c)) if l == last && c.is_empty())
+        );
+        assert_eq!(sm.changes_after(5), (Some(last), Changes::State(sm.read(|s| s.clone()))));
+        // Nor after a restart (the log is applied again from the snapshot on).
+        drop(sm);
+        let sm = StateMachineStore::open(dir.path()).unwrap();
+        assert!(matches!(sm.changes_after(0), (None, Changes::Unchanged)), "nothing applied yet");
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use silt::silt_metadata::http_api::{ErrorBody, Outcome, StateReply};
-use silt::silt_metadata::{Command, MetadataError, NodeRole, Response};
+use silt::silt_metadata::{Command, Metadata, MetadataError, NodeRole, RemoteMetadata, Response};
 use silt_tests::{silt_metadata_cli, wait_for, MetadataCluster};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -467,6 +467,65 @@ async fn cluster_a_copy_of_the_state_is_sent_only_when_it_changed() {
     let (status, body) = read_state_after(&cluster.node(1).url(), 0).await;
     assert_eq!(status, 200);
     assert!(body["state"]["topics"]["changed"].is_object(), "{body}");
+}
+
+/// An agent's copy of the state (`RemoteMetadata`) catches up by applying the commands the
+/// cluster applied since, through any node and across a change of leader, and stays equal to
+/// the state; it fetches the state whole only to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_remote_copy_catches_up_by_applying_changes_and_equals_the_state() {
+    let mut cluster = MetadataCluster::start(3, &[]);
+    cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    let client = cluster.client();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let remote = RemoteMetadata::connect(client.clone(), cancel.clone()).await.expect("connect");
+    let metadata = Metadata::Remote(remote.clone());
+    let before = client.read_state().await.expect("read").applied_index.expect("an index");
+
+    // Commands of every kind that carry a clock or change writers: agents, topics, segments.
+    let register = |agent: &str| Command::RegisterAgent {
+        agent: agent.into(),
+        instance: String::new(),
+        addr: format!("127.0.0.1:{}", 7000 + agent.len()),
+        lease_ms: 60_000,
+        now_ms: 0,
+    };
+    let write = |cmd: Command| {
+        let client = client.clone();
+        async move { client.write(cmd).await }
+    };
+    write(register("a")).await.expect("register");
+    write(register("bb")).await.expect("register");
+    for t in ["t1", "t2", "t3"] {
+        write(create_topic(t)).await.expect("create");
+    }
+    write(Command::DeleteTopic { name: "t2".into() }).await.expect("delete");
+    assert!(write(create_topic("t1")).await.is_err(), "refused, and refused on the copy too");
+    let delta = client.read_changes_after(before).await.expect("changes");
+    let changes = delta.changes.expect("the commands since, not the state");
+    assert!(delta.state.is_none());
+    assert!(changes.len() >= 7 && changes.windows(2).all(|w| w[0].index < w[1].index), "{changes:?}");
+    assert!(changes.first().is_some_and(|c| c.index > before));
+    let copy = metadata.read(|s| s.clone()).await.expect("refresh");
+    assert_eq!(copy, client.read_state().await.expect("read").state);
+
+    // Another leader keeps the entries it applied as a follower.
+    let leader = cluster.wait_for_leader(&[1, 2, 3], LEADER_TIMEOUT).await;
+    cluster.node_mut(leader).kill9();
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != leader).collect();
+    cluster.wait_for_leader(&others, LEADER_TIMEOUT).await;
+    let client = cluster.client();
+    wait_for("a write through the new leader", Duration::from_secs(20), || async {
+        client.write(create_topic("t4")).await.ok()
+    })
+    .await;
+    let copy = metadata.read(|s| s.clone()).await.expect("refresh");
+    assert_eq!(copy, client.read_state().await.expect("read").state);
+    assert!(copy.topics.contains_key("t4") && !copy.topics.contains_key("t2"));
+    let (full, by_changes) = remote.refresh_counts();
+    assert_eq!(full, 1, "only the first read fetched the whole state");
+    assert!(by_changes >= 2, "{by_changes} refreshes by changes");
+    cancel.cancel();
 }
 
 async fn read_state_after(url: &str, after: u64) -> (u16, Value) {

@@ -848,6 +848,23 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
     let topic = client.create_topic("demo", 2, &BTreeMap::new()).await.expect("create topic");
     assert_eq!(topic["config"]["replication.factor"], "3", "three agents: three replicas by default");
     assert_eq!(topic["config"]["min.insync.replicas"], "2");
+    // The agents register concurrently: a segment opened before the third one did has two
+    // members, and its writer opens it again with three on its next tick (within a second).
+    wait_for("open segments on three agents", Duration::from_secs(10), || async {
+        let described = client.describe_topic("demo").await.ok()?;
+        described["partitions"]
+            .as_array()?
+            .iter()
+            .all(|p| {
+                p["segments"].as_array().is_some_and(|s| {
+                    s.iter().any(|s| {
+                        s["state"] == "open" && s["ensemble"].as_array().is_some_and(|e| e.len() == 3)
+                    })
+                })
+            })
+            .then_some(())
+    })
+    .await;
     // Two requests: a follower learns that the first one's records are committed with the
     // second, and serves them from its replica.
     let mut ids = Vec::new();
