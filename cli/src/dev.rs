@@ -270,6 +270,10 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         metrics.add_source(move || store_stats.encode_prometheus());
         let cold = Arc::clone(&cold);
         metrics.add_source(move || cold.stats().encode_prometheus());
+        if let Metadata::Remote(remote) = &config.metadata {
+            let remote = remote.clone();
+            metrics.add_source(move || remote.encode_prometheus());
+        }
     }
 
     // Tests and scripts read this line to find the address.

@@ -135,6 +135,18 @@ impl RemoteMetadata {
         (self.inner.full_reads.load(Ordering::Relaxed), self.inner.change_reads.load(Ordering::Relaxed))
     }
 
+    /// [`refresh_counts`](Self::refresh_counts) in the Prometheus text format, as
+    /// `silt_agent_metadata_refreshes_total{how="whole"|"changes"}`.
+    pub fn encode_prometheus(&self) -> String {
+        let (whole, changes) = self.refresh_counts();
+        format!(
+            "# HELP silt_agent_metadata_refreshes_total Refreshes of this process's copy of the metadata state: by fetching it whole, or by applying the commands applied since.\n\
+             # TYPE silt_agent_metadata_refreshes_total counter\n\
+             silt_agent_metadata_refreshes_total{{how=\"whole\"}} {whole}\n\
+             silt_agent_metadata_refreshes_total{{how=\"changes\"}} {changes}\n"
+        )
+    }
+
     /// The client this copy reads through.
     pub fn client(&self) -> &MetadataClient {
         &self.inner.client

@@ -655,6 +655,15 @@ async fn a_joining_agent_takes_its_share_of_the_partitions_and_nothing_is_lost()
     produce_round(&a2.client(), round + 1, &mut acked).await;
     let s = state(&cluster).await.expect("state");
     assert_eq!((written_by(&s, "a1"), written_by(&s, "a2")), (2, 2));
+    // Its copy of metadata followed every change by applying commands; it was fetched whole
+    // only when the agent started.
+    let metrics = a2.client().metrics().await.expect("metrics");
+    let refreshes = |how: &str| {
+        let prefix = format!("silt_agent_metadata_refreshes_total{{how=\"{how}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&prefix)?.parse::<u64>().ok())
+    };
+    assert_eq!(refreshes("whole"), Some(1), "{metrics}");
+    assert!(refreshes("changes").is_some_and(|n| n > 0), "{metrics}");
     assert!(acked.len() >= 4 * 10 * 3, "only {} messages acknowledged", acked.len());
     for p in 0..4u32 {
         // Right after a move the former writer's copy of metadata may still show its segment
