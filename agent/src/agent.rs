@@ -289,6 +289,8 @@ struct Inner {
     repairing: Arc<std::sync::atomic::AtomicBool>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<(String, u32), StartFailure>>,
+    /// When this agent last proposed `RebalanceWriters`.
+    rebalance_proposed: Mutex<Option<Instant>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
     instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
@@ -511,6 +513,7 @@ impl Agent {
                 retired: RwLock::new(HashMap::new()),
                 replicas: Mutex::new(HashMap::new()),
                 start_failures: Mutex::new(HashMap::new()),
+                rebalance_proposed: Mutex::new(None),
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
@@ -674,7 +677,28 @@ impl Agent {
             }
         }
         self.hand_off_unreachable_partitions(&wanted).await;
+        self.propose_rebalance().await;
         self.inner.metrics.housekeeping_rounds.inc();
+    }
+
+    /// Asks metadata to move a partition towards balance when this agent's copy of the state
+    /// shows a move is due (`MetadataState::rebalance_due`), at most once per lease. Metadata
+    /// decides again on the state it has when it applies the command.
+    async fn propose_rebalance(&self) {
+        if self.inner.cancel.is_cancelled() || self.inner.metadata.read_local(|s| s.rebalance_due()).is_none()
+        {
+            return;
+        }
+        {
+            let mut proposed = lock(&self.inner.rebalance_proposed);
+            if proposed.is_some_and(|at| at.elapsed() < self.inner.config.lease) {
+                return;
+            }
+            *proposed = Some(Instant::now());
+        }
+        if let Err(e) = self.inner.metadata.write(Command::RebalanceWriters { now_ms: now_ms() }).await {
+            warn!(error = %e, "proposing to rebalance the partition writers failed; trying again after a lease");
+        }
     }
 
     /// Hands over the partitions whose writer has not started here for a whole lease while
@@ -684,6 +708,8 @@ impl Agent {
     /// the open segment); if that one cannot write either, it hands over in turn.
     async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
         let lease = self.inner.config.lease;
+        // A partition that moved away starts afresh if it comes back.
+        lock(&self.inner.start_failures).retain(|k, _| wanted.contains_key(k));
         let due: Vec<((String, u32), String)> = lock(&self.inner.start_failures)
             .iter()
             .filter(|(k, f)| wanted.contains_key(*k) && f.since.elapsed() >= lease)
@@ -1139,9 +1165,9 @@ impl Agent {
         Ok(self.topic_local(name).unwrap_or(topic))
     }
 
-    /// Alters some of a topic's configs, all or none (`replication.factor` cannot change).
-    /// Requests read them from metadata; writers pick them up on their next tick (within a
-    /// second), a new `min.insync.replicas` with a new segment.
+    /// Alters some of a topic's configs, all or none (`replication.factor` and
+    /// `min.insync.replicas` cannot change). Requests read them from metadata; writers pick
+    /// them up on their next tick (within a second).
     pub async fn alter_topic_config(
         &self,
         name: &str,

@@ -663,8 +663,8 @@ impl PartitionWriter {
                     None => break,
                 },
                 _ = tick.tick() => {
-                    let quorum_changed = self.refresh_config();
-                    self.roll_if_old(quorum_changed).await;
+                    self.refresh_config();
+                    self.roll_if_old().await;
                     if self.quorum_lost {
                         self.abandon().await;
                         break;
@@ -896,28 +896,25 @@ impl PartitionWriter {
         }
     }
 
-    /// Picks up configs altered since this writer started (`AlterTopicConfig`). Returns
-    /// whether min.insync.replicas changed: the open segment's ensemble waits for the old
-    /// number of replicas, so the writer moves on to a new segment.
-    fn refresh_config(&mut self) -> bool {
+    /// Picks up configs altered since this writer started (`AlterTopicConfig`; the replication
+    /// factor and the write quorum never change).
+    fn refresh_config(&mut self) {
         let (topic, id) = (self.config.topic.as_str(), self.config.topic_id);
         let Some(c) = self
             .metadata
             .read_local(|s| s.topics.get(topic).filter(|t| t.id == id).map(|t| t.config.clone()))
         else {
-            return false;
+            return;
         };
         self.config.segment_bytes = c.segment_bytes;
         self.config.segment_ms = c.segment_ms;
         self.config.local_retention_ms = c.local_retention_ms;
         self.config.local_retention_bytes = c.local_retention_bytes;
-        let w = c.write_quorum();
-        std::mem::replace(&mut self.config.write_quorum, w) != w
     }
 
     /// Rolls the active segment when it is older than `segment.ms`, or when its ensemble
-    /// should change (a follower left, more agents could join it, or `quorum_changed`).
-    async fn roll_if_old(&mut self, quorum_changed: bool) {
+    /// should change (a follower left, or more agents could join it).
+    async fn roll_if_old(&mut self) {
         if self.failed.is_some() {
             return;
         }
@@ -934,16 +931,15 @@ impl PartitionWriter {
         let old = self
             .first_append_at
             .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
-        let degraded = quorum_changed
-            || self.ensemble.as_ref().is_some_and(|e| {
-                // A follower left, or lost its disk (it registered from another data directory),
-                // or the segment opened with fewer replicas than replication.factor and more
-                // agents are live now.
-                e.degraded() || self.ensemble_can_improve(e.size())
-            });
+        let degraded = self.ensemble.as_ref().is_some_and(|e| {
+            // A follower left, or lost its disk (it registered from another data directory),
+            // or the segment opened with fewer replicas than replication.factor and more
+            // agents are live now.
+            e.degraded() || self.ensemble_can_improve(e.size())
+        });
         if (old || degraded) && self.log().active().record_count() > 0 {
             if degraded {
-                info!(quorum_changed, "the open segment's ensemble lost a follower or can grow, or min.insync.replicas changed; rolling to a segment with a new ensemble");
+                info!("the open segment's ensemble lost a follower or can grow; rolling to a segment with a new ensemble");
             }
             self.roll().await;
         } else if degraded {

@@ -316,9 +316,9 @@ enum TopicCmd {
     },
     /// Change some of a topic's configs, all or none; prints the topic as it is after.
     ///
-    /// Every config but replication.factor can change. Requests use the new values at once;
-    /// partition writers within a second (segment.bytes and segment.ms apply to the open
-    /// segment, a new min.insync.replicas from a new segment on).
+    /// Every config but replication.factor and min.insync.replicas can change. Requests use
+    /// the new values at once; partition writers within a second (segment.bytes and segment.ms
+    /// apply to the open segment).
     ///
     /// Example: silt topic alter orders --config retention.ms=86400000 --config max.message.bytes=2097152
     Alter {

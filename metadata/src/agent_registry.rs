@@ -225,7 +225,6 @@ impl MetadataState {
             a.last_heartbeat_ms = now;
         }
         self.assign_writers();
-        self.rebalance_writers();
         Ok(Response::Ok)
     }
 
@@ -264,8 +263,14 @@ impl MetadataState {
             .partitions
             .get(partition as usize)
             .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })?;
-        if p.writer.as_deref() != Some(agent) || p.epoch != epoch {
+        if p.epoch != epoch {
             return Err(MetadataError::Fenced { expected: epoch, actual: p.epoch });
+        }
+        if p.writer.as_deref() != Some(agent) {
+            return Err(MetadataError::InvalidArgument(format!(
+                "'{agent}' does not write {topic}/{partition} (writer: {})",
+                p.writer.as_deref().unwrap_or("none")
+            )));
         }
         let members: Vec<&String> = p.open_segment().map(|o| o.ensemble.iter().collect()).unwrap_or_default();
         let mut load: std::collections::BTreeMap<&str, usize> = self
@@ -349,20 +354,23 @@ impl MetadataState {
     }
 }
 
-/// How many of an agent's leases pass between two partitions moving to it to balance the
-/// writers, and how long it must have been registered before any does.
+/// How many of an agent's leases pass between two partitions moving to balance the writers,
+/// and how long it must have been registered before any moves to it.
 pub const REBALANCE_EVERY_LEASES: u64 = 3;
+/// How many of an agent's leases after it handed a partition over for being cut off from the
+/// other agents (`HandOffWriter`) no partition moves to it to balance the writers.
+pub const NO_REBALANCE_AFTER_HAND_OFF_LEASES: u64 = 10;
 
 impl MetadataState {
-    /// Moves one partition from the live agent that writes the most to the settled live agent
-    /// that writes the fewest, when they differ by two or more (an agent that joined or came
-    /// back after its partitions moved away gets its share again). One move per
-    /// [`REBALANCE_EVERY_LEASES`] leases of the receiving agent, which must have been registered
-    /// that long (a flapping agent takes nothing) and not have handed a partition over for
-    /// being cut off from the others within that time. A partition whose open segment the receiver
-    /// holds a replica of goes first (its recovery reads the tail locally). The move is a writer
-    /// change like any other: the epoch is bumped and the new writer recovers the open segment.
-    pub(crate) fn rebalance_writers(&mut self) {
+    /// The move that balancing the writers calls for now, if any: one partition from the live
+    /// agent that writes the most to the settled live agent that writes the fewest, when they
+    /// differ by two or more (an agent that joined, or came back after its partitions moved
+    /// away, gets its share). Settled: registered for [`REBALANCE_EVERY_LEASES`] of its leases,
+    /// no partition moved to balance the writers (to any agent) within that time, and no
+    /// hand-off for being cut off within [`NO_REBALANCE_AFTER_HAND_OFF_LEASES`]. A partition
+    /// whose open segment the receiver holds a replica of goes first (its recovery reads the
+    /// tail locally). Returns the topic, the partition and the receiving agent.
+    pub fn rebalance_due(&self) -> Option<(String, u32, String)> {
         let now = self.clock_ms;
         let mut load: BTreeMap<&str, usize> = self.live_agents().map(|a| (a.id.as_str(), 0)).collect();
         for w in self.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.writer.as_deref()) {
@@ -372,45 +380,44 @@ impl MetadataState {
         }
         let settled = |a: &AgentInfo| {
             let wait = a.lease_ms.saturating_mul(REBALANCE_EVERY_LEASES);
-            [a.registered_ms, a.handed_off_ms, self.last_rebalance_ms]
-                .iter()
-                .all(|t| t.saturating_add(wait) <= now)
+            let cut_off = a.lease_ms.saturating_mul(NO_REBALANCE_AFTER_HAND_OFF_LEASES);
+            a.registered_ms.saturating_add(wait) <= now
+                && self.last_rebalance_ms.saturating_add(wait) <= now
+                && (a.handed_off_ms == 0 || a.handed_off_ms.saturating_add(cut_off) <= now)
         };
-        let Some((to, to_n)) = load
+        let (to, to_n) = load
             .iter()
             .filter(|(id, _)| self.agents.get(**id).is_some_and(settled))
             .min_by_key(|(id, n)| (**n, **id))
-            .map(|(id, n)| (id.to_string(), *n))
-        else {
-            return;
-        };
-        let Some((from, from_n)) = load
-            .iter()
-            .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
-            .map(|(id, n)| (id.to_string(), *n))
-        else {
-            return;
-        };
+            .map(|(id, n)| (*id, *n))?;
+        let (from, from_n) =
+            load.iter().max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id))).map(|(id, n)| (*id, *n))?;
         if from_n < to_n + 2 {
-            return;
+            return None;
         }
-        let mut candidates = self
-            .topics
-            .values_mut()
-            .flat_map(|t| t.partitions.iter_mut())
-            .filter(|p| p.writer.as_deref() == Some(from.as_str()));
+        let written = self.topics.values().flat_map(|t| {
+            t.partitions
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.writer.as_deref() == Some(from))
+                .map(move |(i, p)| (t, i, p))
+        });
         let mut first = None;
-        let mut held = None;
-        for p in &mut candidates {
-            if p.open_segment().is_some_and(|o| o.ensemble.contains(&to)) {
-                held = Some(p);
-                break;
+        for (t, i, p) in written {
+            if p.open_segment().is_some_and(|o| o.ensemble.iter().any(|a| a == to)) {
+                return Some((t.name.clone(), i as u32, to.to_string()));
             }
-            if first.is_none() {
-                first = Some(p);
-            }
+            first.get_or_insert((t.name.clone(), i as u32, to.to_string()));
         }
-        if let Some(p) = held.or(first) {
+        first
+    }
+
+    /// Makes the move [`rebalance_due`](Self::rebalance_due) calls for, if any, as a writer
+    /// change like any other: the epoch is bumped and the new writer recovers the open segment.
+    pub(crate) fn rebalance_writers(&mut self) {
+        let Some((topic, partition, to)) = self.rebalance_due() else { return };
+        let now = self.clock_ms;
+        if let Ok(p) = self.partition_mut(&topic, partition) {
             p.writer = Some(to);
             p.epoch += 1;
             self.last_rebalance_ms = now;
@@ -532,9 +539,16 @@ mod tests {
         let count = |s: &MetadataState, agent: &str| {
             s.topics["t"].partitions.iter().filter(|p| p.writer.as_deref() == Some(agent)).count()
         };
+        // Heartbeats move nothing; agents propose a rebalance when their copy shows one is due.
         let beat = |s: &mut MetadataState, now: u64| {
             assert_eq!(heartbeat(s, "a", a, now), Response::Ok);
             assert_eq!(heartbeat(s, "b", b, now), Response::Ok);
+            let due = s.rebalance_due();
+            let before = s.clone();
+            assert_eq!(s.apply(&Command::RebalanceWriters { now_ms: now }), Response::Ok);
+            if due.is_none() {
+                assert_eq!(*s, before, "at {now}: nothing due, nothing moves");
+            }
         };
         // b has not been registered for three of its leases (1 s each): nothing moves.
         for now in [500, 1000, 2000, 3000] {
@@ -565,7 +579,7 @@ mod tests {
     }
 
     #[test]
-    fn an_agent_that_handed_partitions_over_gets_none_back_for_three_leases() {
+    fn an_agent_that_handed_partitions_over_gets_none_back_for_ten_leases() {
         let mut s = MetadataState::default();
         let (a, b) = (register(&mut s, "a", 0), register(&mut s, "b", 0));
         create(&mut s, "t", 4, 0);
@@ -584,17 +598,16 @@ mod tests {
             });
             assert!(matches!(r, Response::Writer { ref agent, .. } if agent == "a"), "{r:?}");
         }
-        for now in [1000, 2000, 3000, 3050] {
-            heartbeat(&mut s, "a", a, now);
-            heartbeat(&mut s, "b", b, now);
-            assert!(
-                writers(&s, "t").iter().all(|(w, _)| w.as_deref() == Some("a")),
-                "at {now}: {:?}",
-                writers(&s, "t")
-            );
+        let step = |s: &mut MetadataState, now: u64| {
+            heartbeat(s, "a", a, now);
+            heartbeat(s, "b", b, now);
+            s.apply(&Command::RebalanceWriters { now_ms: now });
+            writers(s, "t").iter().filter(|(w, _)| w.as_deref() == Some("b")).count()
+        };
+        for now in (500..10_100).step_by(500) {
+            assert_eq!(step(&mut s, now), 0, "at {now}: b handed partitions over at 100");
         }
-        heartbeat(&mut s, "b", b, 3100);
-        assert_eq!(writers(&s, "t").iter().filter(|(w, _)| w.as_deref() == Some("b")).count(), 1);
+        assert_eq!(step(&mut s, 10_100), 1);
     }
 
     fn hand_off(s: &mut MetadataState, agent: &str, epoch: u64, now_ms: u64) -> Response {
@@ -621,15 +634,10 @@ mod tests {
 
         // Refused, changing nothing: an agent that is not the writer, a stale epoch.
         let before = s.clone();
-        for (agent, epoch) in [("a", 2), ("c", 1)] {
-            assert!(
-                matches!(
-                    hand_off(&mut s, agent, epoch, 100),
-                    Response::Error { error: MetadataError::Fenced { .. } }
-                ),
-                "{agent} at epoch {epoch}"
-            );
-        }
+        let r = hand_off(&mut s, "a", 2, 100);
+        assert!(matches!(r, Response::Error { error: MetadataError::InvalidArgument(_) }), "{r:?}");
+        let r = hand_off(&mut s, "c", 1, 100);
+        assert!(matches!(r, Response::Error { error: MetadataError::Fenced { .. } }), "{r:?}");
         assert_eq!(s, before);
 
         // c's only holder-peer a lapses: the live agent with the fewest partitions, b.

@@ -259,7 +259,7 @@ impl MetadataClient {
                         }
                         // Refused without an error body (a node of another version that does
                         // not know the request): another node will not take it either.
-                        _ if status.is_client_error() => {
+                        _ if status == StatusCode::BAD_REQUEST => {
                             return Err(MetadataError::InvalidArgument(unexpected(&target, status, &bytes)));
                         }
                         _ => {

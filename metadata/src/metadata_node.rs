@@ -392,17 +392,8 @@ impl MetadataNode {
         timeout: Duration,
     ) -> Result<(Option<u64>, MetadataState), LeaderError> {
         self.confirm_leadership(timeout).await?;
-        // The state and the applied index are read under different locks: retry until they
-        // agree, else report the index from before the read (a lower bound).
-        for _ in 0..3 {
-            let before = self.state_machine.last_applied();
-            let state = self.state_machine.read(|s| s.clone());
-            if self.state_machine.last_applied() == before {
-                return Ok((before.map(|l| l.index), state));
-            }
-        }
-        let before = self.state_machine.last_applied();
-        Ok((before.map(|l| l.index), self.state_machine.read(|s| s.clone())))
+        let (applied, state) = self.state_machine.read_at(MetadataState::clone);
+        Ok((applied.map(|l| l.index), state))
     }
 
     /// A linearizable read of what changed after log index `after` (see

@@ -214,14 +214,14 @@ pub enum Command {
         now_ms: u64,
     },
     /// Change some of a topic's configs (all or none): agents apply them from their next
-    /// housekeeping round on; a new `min.insync.replicas` from the partitions' next segments.
+    /// housekeeping round on. `replication.factor` and `min.insync.replicas` cannot change.
     AlterTopicConfig {
         /// Topic name.
         name: String,
         /// If set, the command is refused unless the topic has this id.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         topic_id: Option<u64>,
-        /// New values by Kafka-style name; `replication.factor` cannot change.
+        /// New values by Kafka-style name.
         config: BTreeMap<String, String>,
     },
     /// Delete a topic and every group's state for it.
@@ -448,6 +448,12 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// Move one partition towards balance (see `MetadataState::rebalance_writers`), if one is
+    /// due. Agents propose it when their copy of the state shows one is.
+    RebalanceWriters {
+        /// Proposer's clock.
+        now_ms: u64,
+    },
     /// An agent leaves on purpose: its lease ends now, so its partitions get new writers at once.
     DeregisterAgent {
         /// Agent id.
@@ -513,6 +519,7 @@ impl Command {
             | Command::AgentHeartbeat { now_ms, .. }
             | Command::DeregisterAgent { now_ms, .. }
             | Command::HandOffWriter { now_ms, .. }
+            | Command::RebalanceWriters { now_ms }
             | Command::CreateTopic { now_ms, .. }
             | Command::JoinGroup { now_ms, .. } => *now_ms = now,
             _ => {}
@@ -936,6 +943,11 @@ impl MetadataState {
             Command::HandOffWriter { topic, partition, agent, epoch, now_ms } => {
                 self.hand_off_writer(topic, *partition, agent, *epoch, *now_ms)
             }
+            Command::RebalanceWriters { now_ms } => {
+                self.advance_clock(*now_ms);
+                self.rebalance_writers();
+                Ok(Response::Ok)
+            }
         }
     }
 
@@ -1140,7 +1152,8 @@ mod tests {
             (alter(None, &[("segment.ms", "100"), ("max.deliveries", "0")]), "max.deliveries=0"),
             (alter(None, &[]), "no config to alter"),
             (alter(None, &[("replication.factor", "3")]), "replication.factor cannot be altered"),
-            (alter(None, &[("min.insync.replicas", "2")]), "more than replication.factor"),
+            (alter(None, &[("min.insync.replicas", "2")]), "min.insync.replicas cannot be altered"),
+            (alter(None, &[("max.message.bytes", "0")]), "max.message.bytes=0"),
             (alter(Some(id + 1), &[("segment.ms", "100")]), "deleted and created again"),
         ] {
             let r = s.apply(&command);

@@ -128,6 +128,14 @@ impl StateMachineStore {
         f(&self.applied().state)
     }
 
+    /// Runs `f` over the current state and returns it with the last applied entry's id, read
+    /// together: the state is exactly the one at that index (a copy that later applies the
+    /// commands after it must not apply any twice).
+    pub fn read_at<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> (Option<LogId>, T) {
+        let applied = self.applied();
+        (applied.last_applied, f(&applied.state))
+    }
+
     /// What was applied after log index `after`, and the index that reaches, read together:
     /// the commands if every entry since is still kept (a copy of the state at `after` that
     /// applies them in order equals this one), else the whole state.

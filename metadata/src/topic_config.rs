@@ -94,7 +94,9 @@ impl TopicConfig {
 
     /// This config with `changes` (Kafka-style names) applied, validated as a whole.
     /// `replication.factor` cannot change: each segment keeps the ensemble it was opened with,
-    /// and the sealed ones would count as under-replicated against a larger one.
+    /// and the sealed ones would count as under-replicated against a larger one. Nor can the
+    /// write quorum (`min.insync.replicas`): recovering an open segment reads R - W + 1 of its
+    /// replicas, which holds every acknowledged batch only for the W it was written with.
     pub fn altered(&self, changes: &BTreeMap<String, String>) -> Result<Self, MetadataError> {
         if changes.is_empty() {
             return Err(MetadataError::InvalidConfig("no config to alter".into()));
@@ -107,6 +109,12 @@ impl TopicConfig {
             return Err(MetadataError::InvalidConfig(format!(
                 "replication.factor cannot be altered after creation (it is {}): create a new topic",
                 self.replication_factor
+            )));
+        }
+        if config.write_quorum() != self.write_quorum() {
+            return Err(MetadataError::InvalidConfig(format!(
+                "min.insync.replicas cannot be altered after creation (it is {}): create a new topic",
+                self.write_quorum()
             )));
         }
         config.validate()?;
