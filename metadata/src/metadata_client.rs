@@ -23,8 +23,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::http_api::{
-    ErrorBody, MembersRequest, Outcome, StateDelta, StateReply, LEADER_HEADER, MEMBERS_PATH, STATE_PATH,
-    STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
+    Change, ErrorBody, MembersRequest, Outcome, StateDelta, StateReply, LEADER_HEADER, MEMBERS_PATH,
+    STATE_PATH, STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
 use crate::http_network::{base_url, root_cause};
 use crate::node_status::{Member, NodeStatus};
@@ -149,9 +149,13 @@ impl MetadataClient {
     /// Like [`read_state_after`](Self::read_state_after), but answered with the commands
     /// applied after `after` (in `changes`) while the leader keeps them, so that a copy of the
     /// state at `after` catches up without fetching it whole.
+    /// A change this version cannot decode (a command a newer version added) is an
+    /// `InvalidArgument` error: the caller reads the whole state instead.
     pub async fn read_changes_after(&self, after: u64) -> Result<StateDelta, MetadataError> {
         let path = format!("{STATE_PATH}?after={after}&changes=true");
-        self.call::<(), _>(Method::GET, &path, None, self.inner.options.timeout, Retry::Always).await
+        let raw: RawStateDelta =
+            self.call::<(), _>(Method::GET, &path, None, self.inner.options.timeout, Retry::Always).await?;
+        raw.decode()
     }
 
     /// The status of the first node that answers (the leader, if known).
@@ -369,6 +373,38 @@ impl MetadataClient {
     }
 }
 
+/// A [`StateDelta`] whose changes are not decoded yet.
+#[derive(serde::Deserialize)]
+struct RawStateDelta {
+    node_id: NodeId,
+    applied_index: Option<u64>,
+    state: Option<crate::MetadataState>,
+    #[serde(default)]
+    changes: Option<Vec<serde_json::Value>>,
+}
+
+impl RawStateDelta {
+    fn decode(self) -> Result<StateDelta, MetadataError> {
+        let changes = self
+            .changes
+            .map(|changes| {
+                changes.into_iter().map(serde_json::from_value::<Change>).collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()
+            .map_err(|e| {
+                MetadataError::InvalidArgument(format!(
+                    "a change this version cannot apply ({e}); read the whole state"
+                ))
+            })?;
+        Ok(StateDelta {
+            node_id: self.node_id,
+            applied_index: self.applied_index,
+            state: self.state,
+            changes,
+        })
+    }
+}
+
 fn decode<T: DeserializeOwned>(base: &str, body: &[u8]) -> Result<T, MetadataError> {
     serde_json::from_slice(body).map_err(|e| {
         MetadataError::Unavailable(format!(
@@ -384,4 +420,28 @@ fn unexpected(base: &str, status: StatusCode, body: &[u8]) -> String {
 
 fn quote(body: &[u8]) -> String {
     String::from_utf8_lossy(body).chars().take(BODY_QUOTE_CHARS_MAX).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_this_version_cannot_decode_asks_for_the_whole_state() {
+        let known = serde_json::json!({"type": "delete_topic", "name": "t"});
+        let raw = |command: serde_json::Value| RawStateDelta {
+            node_id: 1,
+            applied_index: Some(9),
+            state: None,
+            changes: Some(vec![
+                serde_json::json!({"index": 8, "command": known}),
+                serde_json::json!({"index": 9, "command": command}),
+            ]),
+        };
+        let delta = raw(known.clone()).decode().expect("known commands decode");
+        let changes = delta.changes.expect("changes");
+        assert_eq!(changes[1].command, Command::DeleteTopic { name: "t".into() });
+        let e = raw(serde_json::json!({"type": "a_command_from_the_future"})).decode().unwrap_err();
+        assert!(matches!(e, MetadataError::InvalidArgument(ref m) if m.contains("whole state")), "{e}");
+    }
 }
