@@ -118,13 +118,33 @@ struct Running {
     replication_factor: usize,
 }
 
-/// A partition writer that failed to start, and keeps failing.
+/// A partition whose writer failed to start or ended on its own (it lost its quorum, or a
+/// write failed), and has not run for a whole lease since.
 struct StartFailure {
-    /// The first failure since the writer last ran.
+    /// The first failure of the streak.
     since: Instant,
     /// The latest one.
     at: Instant,
     error: ApiError,
+    /// Failures in the streak.
+    failures: u32,
+    /// When the writer started after the latest failure, if it runs: a writer that keeps
+    /// running for a lease ends the streak.
+    started: Option<Instant>,
+}
+
+impl StartFailure {
+    /// Counts a failure `now` into the streak `previous` (if any).
+    fn after(previous: Option<&StartFailure>, error: ApiError) -> StartFailure {
+        let now = Instant::now();
+        StartFailure {
+            since: previous.map_or(now, |f| f.since),
+            at: now,
+            error,
+            failures: previous.map_or(1, |f| f.failures + 1),
+            started: None,
+        }
+    }
 }
 
 /// Where requests about one partition go.
@@ -667,6 +687,17 @@ impl Agent {
             .filter(|(_, w)| w.task.is_finished())
             .map(|(k, _)| k.clone())
             .collect();
+        {
+            let mut failures = lock(&self.inner.start_failures);
+            for key in &ended {
+                let error = ApiError::unavailable(format!(
+                    "the writer of {}/{} ended (it lost its write quorum or a write failed); it starts again",
+                    key.0, key.1
+                ));
+                let failure = StartFailure::after(failures.get(key), error);
+                failures.insert(key.clone(), failure);
+            }
+        }
         let stale: Vec<(String, u32)> = stale.into_iter().chain(ended).collect();
         for (topic, partition) in stale {
             self.stop_writer(&topic, partition).await;
@@ -701,20 +732,27 @@ impl Agent {
         }
     }
 
-    /// Hands over the partitions whose writer has not started here for a whole lease while
-    /// live agents do not answer this one. Such an agent is cut off from the others but not
-    /// from metadata: its lease holds, so nobody else would take its partitions, and it cannot
-    /// reach the replicas it needs. Metadata names another live agent (preferring a holder of
-    /// the open segment); if that one cannot write either, it hands over in turn.
+    /// Hands over the partitions whose writer has not run for a whole lease (it failed to
+    /// start, or ended again and again) while live agents do not answer this one. Such an
+    /// agent is cut off from the others but not from metadata: its lease holds, so nobody else
+    /// would take its partitions, and it cannot reach the replicas it needs. Metadata names
+    /// another live agent that this one did not find unreachable (preferring a holder of the
+    /// open segment); if that one cannot write either, it hands over in turn.
     async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
         let lease = self.inner.config.lease;
-        // A partition that moved away starts afresh if it comes back.
-        lock(&self.inner.start_failures).retain(|k, _| wanted.contains_key(k));
-        let due: Vec<((String, u32), String)> = lock(&self.inner.start_failures)
-            .iter()
-            .filter(|(k, f)| wanted.contains_key(*k) && f.since.elapsed() >= lease)
-            .map(|(k, f)| (k.clone(), f.error.message.clone()))
-            .collect();
+        let due: Vec<((String, u32), String)> = {
+            let mut failures = lock(&self.inner.start_failures);
+            // A partition that moved away starts afresh if it comes back, and a writer that
+            // ran for a whole lease ends its streak.
+            failures.retain(|k, f| wanted.contains_key(k) && f.started.is_none_or(|t| t.elapsed() < lease));
+            failures
+                .iter()
+                // A writer that runs after one failure is given its lease; one that keeps
+                // failing (it starts, then loses its quorum at once) is not.
+                .filter(|(_, f)| f.since.elapsed() >= lease && (f.started.is_none() || f.failures >= 2))
+                .map(|(k, f)| (k.clone(), f.error.message.clone()))
+                .collect()
+        };
         if due.is_empty() || self.inner.cancel.is_cancelled() {
             return;
         }
@@ -736,6 +774,7 @@ impl Agent {
                 partition,
                 agent: me.clone(),
                 epoch,
+                avoid: unreachable.clone(),
                 now_ms: now_ms(),
             };
             match self.inner.metadata.write(cmd).await {
@@ -1052,13 +1091,14 @@ impl Agent {
         .await
         .map_err(|e| {
             let e = ApiError::from(e);
-            let now = Instant::now();
             let mut failures = lock(&self.inner.start_failures);
-            let since = failures.get(&key).map_or(now, |f| f.since);
-            failures.insert(key.clone(), StartFailure { since, at: now, error: e.clone() });
+            let failure = StartFailure::after(failures.get(&key), e.clone());
+            failures.insert(key.clone(), failure);
             e
         })?;
-        lock(&self.inner.start_failures).remove(&key);
+        if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
+            f.started = Some(Instant::now());
+        }
         writers.insert(key.clone(), WriterTask { cancel, task });
         self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(
             key,

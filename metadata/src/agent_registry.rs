@@ -252,6 +252,7 @@ impl MetadataState {
         partition: u32,
         agent: &str,
         epoch: u64,
+        avoid: &[String],
         now_ms: u64,
     ) -> Result<Response, MetadataError> {
         // The clock moves only when the command applies: a refused one changes nothing.
@@ -273,12 +274,12 @@ impl MetadataState {
             )));
         }
         let members: Vec<&String> = p.open_segment().map(|o| o.ensemble.iter().collect()).unwrap_or_default();
-        let mut load: std::collections::BTreeMap<&str, usize> = self
-            .agents
-            .values()
-            .filter(|a| a.id != agent && a.is_live(now))
-            .map(|a| (a.id.as_str(), 0))
-            .collect();
+        // Agents the proposer cannot reach either are passed over, unless it reaches none (it
+        // is the one cut off).
+        let others = || self.agents.values().filter(|a| a.id != agent && a.is_live(now));
+        let reachable = others().any(|a| !avoid.contains(&a.id));
+        let mut load: std::collections::BTreeMap<&str, usize> =
+            others().filter(|a| !reachable || !avoid.contains(&a.id)).map(|a| (a.id.as_str(), 0)).collect();
         for w in self.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.writer.as_deref()) {
             if let Some(n) = load.get_mut(w) {
                 *n += 1;
@@ -594,6 +595,7 @@ mod tests {
                 partition: p,
                 agent: "b".into(),
                 epoch,
+                avoid: vec!["c".into()],
                 now_ms: 100,
             });
             assert!(matches!(r, Response::Writer { ref agent, .. } if agent == "a"), "{r:?}");
@@ -616,8 +618,31 @@ mod tests {
             partition: 0,
             agent: agent.into(),
             epoch,
+            avoid: Vec::new(),
             now_ms,
         })
+    }
+
+    #[test]
+    fn a_hand_off_skips_the_agents_the_writer_cannot_reach_unless_it_reaches_none() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        register(&mut s, "b", 0);
+        register(&mut s, "c", 0);
+        open_segment(&mut s, "t", 0, &["a", "c"]);
+        let from = |agent: &str, epoch: u64, avoid: &[&str]| Command::HandOffWriter {
+            topic: "t".into(),
+            partition: 0,
+            agent: agent.into(),
+            epoch,
+            avoid: avoid.iter().map(|a| a.to_string()).collect(),
+            now_ms: 100,
+        };
+        // c holds the open segment, but a cannot reach it either: b.
+        assert_eq!(s.apply(&from("a", 1, &["c"])), Response::Writer { agent: "b".into(), epoch: 2 });
+        // b reaches nobody: it is the one cut off, and any live agent will do (a holder first).
+        assert_eq!(s.apply(&from("b", 2, &["a", "c"])), Response::Writer { agent: "a".into(), epoch: 3 });
     }
 
     #[test]

@@ -445,6 +445,9 @@ pub enum Command {
         agent: String,
         /// The partition's epoch the agent writes under; must be the current one.
         epoch: u64,
+        /// Agents the proposer cannot reach: passed over, unless it reaches no live agent.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        avoid: Vec<String>,
         /// Proposer's clock.
         now_ms: u64,
     },
@@ -940,8 +943,8 @@ impl MetadataState {
             Command::DeregisterAgent { agent, incarnation, now_ms } => {
                 self.deregister_agent(agent, *incarnation, *now_ms)
             }
-            Command::HandOffWriter { topic, partition, agent, epoch, now_ms } => {
-                self.hand_off_writer(topic, *partition, agent, *epoch, *now_ms)
+            Command::HandOffWriter { topic, partition, agent, epoch, avoid, now_ms } => {
+                self.hand_off_writer(topic, *partition, agent, *epoch, avoid, *now_ms)
             }
             Command::RebalanceWriters { now_ms } => {
                 self.advance_clock(*now_ms);

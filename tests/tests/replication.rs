@@ -576,8 +576,12 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
 /// their partitions to other agents, and producers carry on through those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_cut_off_from_the_other_agents_but_not_from_metadata_hands_its_partitions_over() {
-    let cluster = Cluster::start().await;
-    cluster.agents[0].client().create_topic("events", PARTITIONS, &r3()).await.expect("create topic");
+    cut_off_writer_hands_its_partitions_over(&Cluster::start().await, r3()).await;
+}
+
+async fn cut_off_writer_hands_its_partitions_over(cluster: &Cluster, config: BTreeMap<String, String>) {
+    let replicas: usize = config["replication.factor"].parse().expect("replication.factor");
+    cluster.agents[0].client().create_topic("events", PARTITIONS, &config).await.expect("create topic");
     for p in 0..PARTITIONS as usize {
         cluster.writer_and_followers("events", p).await;
     }
@@ -598,7 +602,7 @@ async fn a_writer_cut_off_from_the_other_agents_but_not_from_metadata_hands_its_
     // not because metadata gave up on it.
     assert!(s.agents[&writer].is_live(s.clock_ms), "{writer}'s lease lapsed; agents: {:?}", s.agents);
     for p in 0..PARTITIONS {
-        producers.acked_after(p, moved, &cluster).await;
+        producers.acked_after(p, moved, cluster).await;
     }
     eprintln!("{writer}'s partitions moved {} ms after it was cut off", (moved - cut).as_millis());
     // Operators see why in its metrics (clients still reach it).
@@ -610,16 +614,16 @@ async fn a_writer_cut_off_from_the_other_agents_but_not_from_metadata_hands_its_
     cluster.heal_from_agents(w);
     let since = Instant::now();
     for p in 0..PARTITIONS {
-        producers.acked_after(p, since, &cluster).await;
+        producers.acked_after(p, since, cluster).await;
     }
     // The agents left it out of their ensembles while it did not answer; once it does again,
-    // new segments are on all three.
-    wait_for("every open segment on three agents after healing", Duration::from_secs(60), || async {
+    // new segments have all their replicas.
+    wait_for("every open segment on all its replicas after healing", Duration::from_secs(60), || async {
         let s = cluster.state().await?;
         s.topics["events"]
             .partitions
             .iter()
-            .all(|p| p.open_segment().is_some_and(|open| open.ensemble.len() == 3))
+            .all(|p| p.open_segment().is_some_and(|open| open.ensemble.len() == replicas))
             .then_some(())
     })
     .await;
