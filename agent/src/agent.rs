@@ -1079,6 +1079,7 @@ impl Agent {
             instance: self.inner.instance.clone(),
         };
         let cancel = self.inner.cancel.child_token();
+        let reader = log.reader();
         let (handle, task) = partition_writer::start(
             log,
             config,
@@ -1094,6 +1095,10 @@ impl Agent {
             let mut failures = lock(&self.inner.start_failures);
             let failure = StartFailure::after(failures.get(&key), e.clone());
             failures.insert(key.clone(), failure);
+            // The local log stays readable while no writer runs here: the segments it holds
+            // may be the only full copies (a recovery that needed no other agent sealed one
+            // at this agent's end).
+            self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), (t.id, reader));
             e
         })?;
         if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
