@@ -13,37 +13,22 @@ the answers' mean size and the mean time to fetch and parse each, side by side:
     bench/metadata_refresh.py target/release/silt 5000
 """
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+
+from loopback import Process
 
 
 def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     silt, segments = sys.argv[1], int(sys.argv[2])
-    data = tempfile.mkdtemp(prefix="silt-metadata-refresh-")
-    port = 18000 + os.getpid() % 1000
-    addr = f"127.0.0.1:{port}"
-    node = subprocess.Popen(
-        [silt, "metadata", "--id", "1", "--listen", addr, "--data-dir", data, "--peers", f"1={addr}", "--init"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    node = Process(
+        lambda data, addr: [silt, "metadata", "--id", "1", "--listen", addr, "--data-dir", data, "--peers", f"1={addr}", "--init"],
+        "metadata-refresh",
+        18000,
     )
-    base = f"http://{addr}"
-
-    def call(method: str, path: str, body=None) -> bytes:
-        payload = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            base + path, data=payload, method=method, headers={"content-type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.read()
+    call = node.call
 
     def write(command: dict) -> dict:
         answer = json.loads(call("POST", "/metadata/write", command))
@@ -107,9 +92,7 @@ def main() -> None:
                 f"fetched and parsed in {1000 * took[kind] / rounds:8.3f} ms"
             )
     finally:
-        node.send_signal(signal.SIGTERM)
-        node.wait()
-        shutil.rmtree(data, ignore_errors=True)
+        node.stop()
 
 
 if __name__ == "__main__":

@@ -12,37 +12,19 @@ chain and a long one, side by side:
     bench/segment_chain.py target/release/silt 3000
 """
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+
+from loopback import Process
 
 
 def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     silt, segments = sys.argv[1], int(sys.argv[2])
-    data = tempfile.mkdtemp(prefix="silt-chain-")
-    port = 17000 + os.getpid() % 1000
-    server = subprocess.Popen(
-        [silt, "dev", "--data-dir", data, "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def call(method: str, path: str, body=None) -> bytes:
-        payload = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            base + path, data=payload, method=method, headers={"content-type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.read()
+    server = Process(lambda data, addr: [silt, "dev", "--data-dir", data, "--listen", addr], "chain", 17000)
+    call = server.call
 
     def produce_latency() -> tuple[float, float]:
         metrics = call("GET", "/metrics").decode()
@@ -81,9 +63,7 @@ def main() -> None:
             f"agent mean {agent_ms:.3f} ms, client mean {1000 * wall / requests:.3f} ms"
         )
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait()
-        shutil.rmtree(data, ignore_errors=True)
+        server.stop()
 
 
 if __name__ == "__main__":
