@@ -1492,7 +1492,9 @@ impl Agent {
         let mut refreshed = false;
         let mut attempts = 0;
         loop {
-            let mut full = false;
+            // Full once the limit has no room left (the cold reader would otherwise return a
+            // record this page cannot take, and take the next page's read for a seek).
+            let mut full = page.rest(&limit).is_spent();
             while !full && !reader.holds(page.next) {
                 let next = page.next;
                 let located = self.with_partition(topic, partition, |part| {
@@ -1534,14 +1536,26 @@ impl Agent {
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
                         let got = cold
-                            .read_limited(&object_key, object_bytes, next, rest.records, rest.bytes)
+                            .read_limited(
+                                &object_key,
+                                object_bytes,
+                                next,
+                                rest.records,
+                                rest.bytes,
+                                rest.at_least_one,
+                            )
                             .await
                             .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                        if got.is_empty() && !rest.at_least_one {
+                            // No room for its next record: the page ends here.
+                            full = true;
+                            continue;
+                        }
                         if got.is_empty() {
                             page.next = last_offset + 1;
                             continue;
                         }
-                        full = page.fill(got, &limit);
+                        full = page.fill(got, &limit) || page.rest(&limit).is_spent();
                     }
                     Location::Gone { earliest } if earliest > next => page.next = earliest,
                     _ => break,

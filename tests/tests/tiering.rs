@@ -188,6 +188,19 @@ async fn read_all_batches(client: &Client) -> Vec<Expected> {
     out
 }
 
+/// The agent's cold reads so far: (sequential, random).
+async fn cold_reads(client: &Client) -> (u64, u64) {
+    let metrics = client.metrics().await.expect("metrics");
+    let count = |pattern: &str| {
+        let name = format!("silt_tiering_cold_reads_total{{pattern=\"{pattern}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name.as_str())?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    (count("sequential"), count("random"))
+}
+
 async fn archived_records(client: &Client) -> (u64, usize) {
     let objects = client.archive_list(TOPIC).await.expect("archive ls");
     (objects.iter().filter_map(|o| o["records"].as_u64()).sum(), objects.len())
@@ -312,6 +325,26 @@ async fn round_trip(backend_kind: Backend, faults: bool) {
     for (got, want) in read.iter().zip(&expected) {
         assert_eq!(got, want);
     }
+    // Pages that end on a byte limit each continue the one before: the agent's cold reads
+    // stay sequential (read ahead, and kept out of the disk cache), none looks like a seek.
+    let before = cold_reads(&client).await;
+    let limited = client.clone().with_read_max_bytes(300_000);
+    let (mut from, mut pages, mut got) = (0u64, 0u64, Vec::new());
+    loop {
+        let page = limited.read_batches(TOPIC, 0, Some(from), None, 5000).await.expect("read batches");
+        let Some(last) = page.records.last() else { break };
+        let bytes: usize = page.records.iter().map(|r| r.data_len()).sum();
+        assert!(bytes <= 300_000, "a page of at most 300000 bytes returned {bytes}");
+        from = last.offset + 1;
+        got.extend(page.records.iter().map(|r| r.offset));
+        pages += 1;
+    }
+    let want: Vec<u64> = expected.iter().filter(|e| e.partition == 0).map(|e| e.offset).collect();
+    assert_eq!(got, want);
+    assert!(pages >= 10, "the byte limit ended the pages: {pages} pages");
+    let after = cold_reads(&client).await;
+    assert_eq!(after.1, before.1, "byte-limited pages read as seeks: {before:?} then {after:?}");
+    assert!(after.0 >= before.0 + pages, "{pages} pages, sequential reads {before:?} then {after:?}");
     // A new group starting at the earliest offset reads from the archive transparently.
     let mut consumed: HashMap<(u32, u64), Expected> = HashMap::new();
     while consumed.len() < count {

@@ -117,13 +117,19 @@ pub struct ColdReaderStats {
     pub bytes_fetched: u64,
     /// Row groups whose decode a readahead started.
     pub readahead_row_groups: u64,
+    /// Reads that continued an earlier read of the same object, or started at its first
+    /// record (a replay or a consumer reading on).
+    pub sequential_reads: u64,
+    /// Reads that started anywhere else (a seek).
+    pub random_reads: u64,
 }
 
 impl ColdReaderStats {
     /// The counters in the Prometheus text format: `silt_tiering_cold_row_groups_total` and
     /// `silt_tiering_cold_footers_total` (label `result`: `hit` or `miss`),
-    /// `silt_tiering_cold_fetches_total`, `silt_tiering_cold_fetched_bytes_total` and
-    /// `silt_tiering_cold_readahead_row_groups_total`.
+    /// `silt_tiering_cold_fetches_total`, `silt_tiering_cold_fetched_bytes_total`,
+    /// `silt_tiering_cold_readahead_row_groups_total` and `silt_tiering_cold_reads_total`
+    /// (label `pattern`: `sequential` or `random`).
     pub fn encode_prometheus(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
@@ -162,6 +168,17 @@ impl ColdReaderStats {
         );
         let _ = writeln!(out, "# TYPE silt_tiering_cold_readahead_row_groups_total counter");
         let _ = writeln!(out, "silt_tiering_cold_readahead_row_groups_total {}", self.readahead_row_groups);
+        let _ = writeln!(
+            out,
+            "# HELP silt_tiering_cold_reads_total Cold reads, by whether they continued an earlier read of the object (sequential, read ahead and kept out of the disk cache) or not."
+        );
+        let _ = writeln!(out, "# TYPE silt_tiering_cold_reads_total counter");
+        let _ = writeln!(
+            out,
+            "silt_tiering_cold_reads_total{{pattern=\"sequential\"}} {}",
+            self.sequential_reads
+        );
+        let _ = writeln!(out, "silt_tiering_cold_reads_total{{pattern=\"random\"}} {}", self.random_reads);
         out
     }
 }
@@ -175,6 +192,8 @@ struct Counters {
     fetches: AtomicU64,
     bytes_fetched: AtomicU64,
     readahead_row_groups: AtomicU64,
+    sequential_reads: AtomicU64,
+    random_reads: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -457,6 +476,8 @@ impl ColdReader {
             fetches: get(&c.fetches),
             bytes_fetched: get(&c.bytes_fetched),
             readahead_row_groups: get(&c.readahead_row_groups),
+            sequential_reads: get(&c.sequential_reads),
+            random_reads: get(&c.random_reads),
         }
     }
 
@@ -491,13 +512,15 @@ impl ColdReader {
         from_offset: u64,
         max_records: usize,
     ) -> Result<Vec<Record>, TieringError> {
-        self.read_limited(object_key, object_bytes, from_offset, max_records, usize::MAX).await
+        self.read_limited(object_key, object_bytes, from_offset, max_records, usize::MAX, true).await
     }
 
     /// [`read`](Self::read), ending also before the record that would take the keys, values
-    /// and headers returned ([`Record::data_len`]) past `max_bytes`; the first record is
-    /// returned whatever its size. The next read continues where this one ended, and counts
-    /// as sequential for readahead.
+    /// and headers returned ([`Record::data_len`]) past `max_bytes`; with `at_least_one` the
+    /// first record is returned whatever its size. The next read continues where this one
+    /// ended, and counts as sequential for readahead: so a caller should take every record
+    /// returned, and ask for no more than it can take (a record it then drops would make its
+    /// next read start before this read's end, a seek).
     pub async fn read_limited(
         &self,
         object_key: &str,
@@ -505,8 +528,9 @@ impl ColdReader {
         from_offset: u64,
         max_records: usize,
         max_bytes: usize,
+        at_least_one: bool,
     ) -> Result<Vec<Record>, TieringError> {
-        if max_records == 0 {
+        if max_records == 0 || (max_bytes == 0 && !at_least_one) {
             return Ok(Vec::new());
         }
         let footer = self.footer(object_key, object_bytes).await?;
@@ -515,6 +539,8 @@ impl ColdReader {
         }
         let sequential =
             self.readahead.planner().is_sequential(object_key, from_offset, footer.meta.base_offset);
+        let counters = &self.source.counters;
+        bump(if sequential { &counters.sequential_reads } else { &counters.random_reads }, 1);
         let mut out: Vec<Record> = Vec::new();
         let mut used = 0usize;
         'row_groups: for (rg, stats) in footer.row_groups.iter().enumerate() {
@@ -528,7 +554,9 @@ impl ColdReader {
             let start = decoded.records.partition_point(|r| r.offset < from_offset);
             for record in &decoded.records[start..] {
                 let len = record.data_len();
-                if out.len() >= max_records || (!out.is_empty() && used.saturating_add(len) > max_bytes) {
+                let first_whatever_size = out.is_empty() && at_least_one;
+                if out.len() >= max_records || (!first_whatever_size && used.saturating_add(len) > max_bytes)
+                {
                     break 'row_groups;
                 }
                 used += len;
@@ -1213,7 +1241,8 @@ mod tests {
         let max_bytes = 700 * mean;
         let (mut from, mut got, mut pages) = (0u64, Vec::new(), 0);
         loop {
-            let page = reader.read_limited(&f.key, f.object_bytes, from, 10_000, max_bytes).await.unwrap();
+            let page =
+                reader.read_limited(&f.key, f.object_bytes, from, 10_000, max_bytes, true).await.unwrap();
             let Some(last) = page.last() else { break };
             let bytes: usize = page.iter().map(Record::data_len).sum();
             assert!(page.len() == 1 || bytes <= max_bytes, "{bytes} bytes in a page of {max_bytes}");
@@ -1228,8 +1257,19 @@ mod tests {
         let stats = reader.stats();
         assert!(stats.readahead_row_groups >= 8, "{stats:?}");
         // The first record comes whatever its size.
-        let one = reader.read_limited(&f.key, f.object_bytes, 0, 10, 1).await.unwrap();
+        let one = reader.read_limited(&f.key, f.object_bytes, 0, 10, 1, true).await.unwrap();
         assert_eq!(one, f.records[..1].to_vec());
+        // Unless the caller has no room for it: then nothing, and the stream is undisturbed.
+        let none = reader.read_limited(&f.key, f.object_bytes, 1, 10, 1, false).await.unwrap();
+        assert!(none.is_empty());
+        let stats = reader.stats();
+        let next = reader.read_limited(&f.key, f.object_bytes, 1, 10, usize::MAX, false).await.unwrap();
+        assert_eq!(next, f.records[1..11].to_vec());
+        assert_eq!(
+            reader.stats().sequential_reads,
+            stats.sequential_reads + 1,
+            "it continues the read of one"
+        );
     }
 
     #[tokio::test]
