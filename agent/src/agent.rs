@@ -17,7 +17,7 @@ use silt_record::{
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
@@ -1556,6 +1556,17 @@ impl Agent {
                             continue;
                         }
                         full = page.fill(got, &limit) || page.rest(&limit).is_spent();
+                        if page.next <= last_offset {
+                            self.read_ahead_next_object(
+                                cold,
+                                topic,
+                                partition,
+                                object_key,
+                                object_bytes,
+                                last_offset,
+                                page.next,
+                            );
+                        }
                     }
                     Location::Gone { earliest } if earliest > next => page.next = earliest,
                     _ => break,
@@ -2394,6 +2405,35 @@ impl Agent {
 
     /// `f` of a partition in the local copy of metadata, without copying the partition (its
     /// segment chain grows with its history): what request paths use.
+    /// While a read of archived `object_key` (offsets up to `last_offset`) goes on at `next`,
+    /// lets the cold reader start on the partition's next archived object in the background
+    /// ([`ColdReader::read_ahead_next`]: only once the read nears the object's end).
+    #[allow(clippy::too_many_arguments)]
+    fn read_ahead_next_object(
+        &self,
+        cold: &Arc<ColdReader>,
+        topic: &str,
+        partition: u32,
+        object_key: String,
+        object_bytes: u64,
+        last_offset: u64,
+        next: u64,
+    ) {
+        let then = self.with_partition(topic, partition, |part| match locate(part, last_offset + 1) {
+            Location::Cold { object_key, object_bytes, .. } => Some((object_key, object_bytes)),
+            _ => None,
+        });
+        let Some(Some((then_key, then_bytes))) = then else { return };
+        let cold = Arc::clone(cold);
+        tokio::spawn(async move {
+            if let Err(e) = cold.read_ahead_next(&object_key, object_bytes, next, &then_key, then_bytes).await
+            {
+                // The read that needs the next object fetches it itself and reports any error.
+                debug!(object = %then_key, error = %e, "reading the next archived object ahead failed");
+            }
+        });
+    }
+
     fn with_partition<T>(
         &self,
         topic: &str,

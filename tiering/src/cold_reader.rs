@@ -50,7 +50,7 @@ use crate::archive_format::{
     archive_read_schema, decode_records, read_archive_meta_counted, row_group_byte_ranges, row_group_stats,
     ArchiveMeta, RowGroupStats, COLUMN_OFFSET, COLUMN_TIMESTAMP,
 };
-use crate::readahead::{PlannedRowGroup, ReadaheadPlanner};
+use crate::readahead::{PlannedRowGroup, ReadaheadPlanner, ROW_GROUPS_AHEAD_MAX};
 use crate::TieringError;
 
 /// Rows decoded per Arrow batch.
@@ -577,15 +577,59 @@ impl ColdReader {
     /// waits for that decode instead of starting another, and it runs to its end even when no
     /// read waits for it.
     fn read_ahead(&self, object_key: &str, object_bytes: u64, footer: &Arc<Footer>, current: usize) {
+        self.start_read_ahead(object_key, object_bytes, footer, |planner, is_decoded| {
+            planner.plan(object_key, object_bytes, current, &footer.row_group_bytes, is_decoded)
+        });
+    }
+
+    /// A sequential read of `object_key` that has returned records up to `next_offset - 1`
+    /// goes on into `then_key` (of `then_bytes` bytes), the partition's next object: once it is
+    /// in the row groups the object's own readahead has nothing after, this starts decoding
+    /// the next object's first row group (fetching its footer now if needed), so that the
+    /// stream does not wait for a fetch where one object ends and the next begins. Does
+    /// nothing for a read that is not sequential or is further from the object's end.
+    pub async fn read_ahead_next(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        next_offset: u64,
+        then_key: &str,
+        then_bytes: u64,
+    ) -> Result<(), TieringError> {
+        let footer = self.footer(object_key, object_bytes).await?;
+        if !self.readahead.planner().is_sequential(object_key, next_offset, footer.meta.base_offset) {
+            return Ok(());
+        }
+        let current = footer
+            .row_groups
+            .iter()
+            .position(|s| s.is_none_or(|s| s.max_offset >= next_offset))
+            .unwrap_or(footer.row_groups.len());
+        if current.saturating_add(ROW_GROUPS_AHEAD_MAX) < footer.row_groups.len() {
+            return Ok(());
+        }
+        let then = self.footer(then_key, then_bytes).await?;
+        self.start_read_ahead(then_key, then_bytes, &then, |planner, is_decoded| {
+            planner.plan_next_object(then_key, then_bytes, &then.row_group_bytes, is_decoded)
+        });
+        Ok(())
+    }
+
+    /// Starts decoding the row groups of `object_key` that `plan` picks, each on the decoded
+    /// cache's own task (see [`ColdReader::read_ahead`]).
+    fn start_read_ahead(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        footer: &Arc<Footer>,
+        plan: impl FnOnce(&mut ReadaheadPlanner, &dyn Fn(usize) -> bool) -> Vec<PlannedRowGroup>,
+    ) {
         let key = |rg: usize| RowGroupKey {
             object_key: object_key.to_string(),
             object_bytes,
             row_group: u32::try_from(rg).unwrap_or(u32::MAX),
         };
-        let planned =
-            self.readahead.planner().plan(object_key, object_bytes, current, &footer.row_group_bytes, |rg| {
-                self.decoded.contains(&key(rg))
-            });
+        let planned = plan(&mut self.readahead.planner(), &|rg| self.decoded.contains(&key(rg)));
         for planned in planned {
             let rg = planned.row_group;
             let slot = ReadaheadSlot { readahead: Arc::clone(&self.readahead), planned };
@@ -1270,6 +1314,57 @@ mod tests {
             stats.sequential_reads + 1,
             "it continues the read of one"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_near_the_end_of_an_object_reads_the_next_object_ahead() {
+        let f = fixture(0).await;
+        // The partition's next object: offsets 10,000 to 19,999 in ten row groups.
+        let records = random_records(43, 10_000, 10_000);
+        let opts = ArchiveWriterOptions { row_group_rows_max: 1000, ..Default::default() };
+        let object = encode_archive(&meta_for(&records), &records, &opts).unwrap();
+        let then_bytes = object.len() as u64;
+        let then_key =
+            f.key.replace(&format!("{:020}-{:020}", 0, 9_999), &format!("{:020}-{:020}", 10_000, 19_999));
+        assert_ne!(then_key, f.key);
+        f.reader.source.store.put(&Path::from(then_key.as_str()), PutPayload::from(object)).await.unwrap();
+        let reader = reader_with(&f, 32 * 1024 * 1024, 64 * 1024 * 1024).await;
+        let read_to = |to: u64| {
+            let reader = &reader;
+            let key = f.key.clone();
+            async move {
+                let mut from = 0;
+                while from < to {
+                    let page = reader.read(&key, f.object_bytes, from, 1000).await.unwrap();
+                    from = page.last().unwrap().offset + 1;
+                }
+                from
+            }
+        };
+        // In the middle of the object its own readahead has row groups to go: nothing more.
+        let next = read_to(3_000).await;
+        drained(&reader).await;
+        let work = |s: ColdReaderStats| (s.cache_misses, s.fetches, s.readahead_row_groups);
+        let mid = reader.stats();
+        reader.read_ahead_next(&f.key, f.object_bytes, next, &then_key, then_bytes).await.unwrap();
+        drained(&reader).await;
+        assert_eq!(work(reader.stats()), work(mid), "read the next object ahead from the middle of this one");
+        // Not a continuing read (a seek): nothing either.
+        reader.read_ahead_next(&f.key, f.object_bytes, 9_500, &then_key, then_bytes).await.unwrap();
+        drained(&reader).await;
+        assert_eq!(work(reader.stats()), work(mid), "read the next object ahead for a seek");
+        // In the last row groups: the next object's first row group is decoded in the background,
+        // and the stream's first read there fetches nothing.
+        let next = read_to(9_000).await;
+        reader.read_ahead_next(&f.key, f.object_bytes, next, &then_key, then_bytes).await.unwrap();
+        drained(&reader).await;
+        let before = reader.stats();
+        assert_eq!(read_to(10_000).await, 10_000);
+        let first = reader.read(&then_key, then_bytes, 10_000, 1000).await.unwrap();
+        assert_eq!(first, records[..1000].to_vec());
+        let after = reader.stats();
+        assert_eq!(after.cache_misses, before.cache_misses, "{before:?} then {after:?}");
+        assert!(after.readahead_row_groups > mid.readahead_row_groups);
     }
 
     #[tokio::test]

@@ -5,7 +5,10 @@
 //! after the other from its start. Only a sequential read gets readahead: before it waits for
 //! row group `k`, the next row groups `k + 1 ..= k + ROW_GROUPS_AHEAD_MAX` of the same object
 //! (never beyond its last row group) are decoded in the background, so that a second core
-//! decodes the next row group while the read waits for (or consumes) the current one.
+//! decodes the next row group while the read waits for (or consumes) the current one. When
+//! those run out (the read is in the object's last row groups), the first row group of the
+//! partition's next object, which the caller names, is read ahead instead
+//! ([`ReadaheadPlanner::plan_next_object`]).
 //!
 //! Bounded in bytes, counted with each row group's uncompressed size from the footer (about
 //! the memory its decoded records take): the row groups ahead of a read may add up to at most
@@ -76,13 +79,38 @@ impl ReadaheadPlanner {
         row_group_bytes: &[u64],
         is_decoded: impl Fn(usize) -> bool,
     ) -> Vec<PlannedRowGroup> {
+        let first = current.saturating_add(1);
+        let range = first..first.saturating_add(ROW_GROUPS_AHEAD_MAX);
+        self.plan_range(object_key, object_bytes, range, row_group_bytes, is_decoded)
+    }
+
+    /// The first row group of the object a sequential read goes on to once it is done with
+    /// the one it reads (see [`ReadaheadPlanner::plan`]), if the budget has room for it.
+    pub(crate) fn plan_next_object(
+        &mut self,
+        object_key: &str,
+        object_bytes: u64,
+        row_group_bytes: &[u64],
+        is_decoded: impl Fn(usize) -> bool,
+    ) -> Vec<PlannedRowGroup> {
+        self.plan_range(object_key, object_bytes, 0..1, row_group_bytes, is_decoded)
+    }
+
+    fn plan_range(
+        &mut self,
+        object_key: &str,
+        object_bytes: u64,
+        range: std::ops::Range<usize>,
+        row_group_bytes: &[u64],
+        is_decoded: impl Fn(usize) -> bool,
+    ) -> Vec<PlannedRowGroup> {
         let mut started = Vec::new();
         if self.closed || self.bytes_max == 0 {
             return started;
         }
         let mut ahead_bytes = 0u64;
-        let last = row_group_bytes.len().min(current.saturating_add(ROW_GROUPS_AHEAD_MAX + 1));
-        for (rg, &bytes) in row_group_bytes.iter().enumerate().take(last).skip(current + 1) {
+        let end = row_group_bytes.len().min(range.end);
+        for (rg, &bytes) in row_group_bytes.iter().enumerate().take(end).skip(range.start) {
             ahead_bytes = ahead_bytes.saturating_add(bytes);
             if ahead_bytes > self.bytes_max {
                 break;
@@ -166,6 +194,10 @@ mod tests {
         assert!(p.is_idle());
         assert_eq!(rgs(&p.plan("a", 1, 0, &sizes, |rg| rg == 1)), [2], "decoded already");
         assert_eq!(rgs(&p.plan("a", 2, 0, &sizes, |_| false)), [1, 2], "another object size");
+        assert_eq!(rgs(&p.plan_next_object("n", 1, &sizes, |_| false)), [0], "the next object's first");
+        assert_eq!(rgs(&p.plan_next_object("n", 1, &sizes, |_| false)), Vec::<usize>::new(), "in flight");
+        assert_eq!(rgs(&p.plan_next_object("m", 1, &sizes, |rg| rg == 0)), Vec::<usize>::new(), "decoded");
+        assert_eq!(rgs(&p.plan_next_object("e", 1, &[], |_| false)), Vec::<usize>::new(), "no row group");
     }
 
     #[test]
