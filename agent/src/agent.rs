@@ -1535,6 +1535,16 @@ impl Agent {
                 let Some(cold) = &self.inner.cold else { break };
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
+                        self.read_ahead_next_object(
+                            cold,
+                            topic,
+                            partition,
+                            &object_key,
+                            object_bytes,
+                            last_offset,
+                            next,
+                        )
+                        .await;
                         let got = cold
                             .read_limited(
                                 &object_key,
@@ -1551,22 +1561,14 @@ impl Agent {
                             full = true;
                             continue;
                         }
-                        if got.is_empty() {
+                        let Some(last) = got.last().map(|r| r.offset) else {
                             page.next = last_offset + 1;
                             continue;
-                        }
-                        full = page.fill(got, &limit) || page.rest(&limit).is_spent();
-                        if page.next <= last_offset {
-                            self.read_ahead_next_object(
-                                cold,
-                                topic,
-                                partition,
-                                object_key,
-                                object_bytes,
-                                last_offset,
-                                page.next,
-                            );
-                        }
+                        };
+                        // Short of the record limit and of the object's end, the cold reader
+                        // stopped at the byte limit: the next record does not fit.
+                        let at_byte_limit = got.len() < rest.records && last < last_offset;
+                        full = page.fill(got, &limit) || at_byte_limit || page.rest(&limit).is_spent();
                     }
                     Location::Gone { earliest } if earliest > next => page.next = earliest,
                     _ => break,
@@ -2403,18 +2405,17 @@ impl Agent {
         self.with_partition(topic, partition, Clone::clone)
     }
 
-    /// `f` of a partition in the local copy of metadata, without copying the partition (its
-    /// segment chain grows with its history): what request paths use.
-    /// While a read of archived `object_key` (offsets up to `last_offset`) goes on at `next`,
-    /// lets the cold reader start on the partition's next archived object in the background
-    /// ([`ColdReader::read_ahead_next`]: only once the read nears the object's end).
+    /// Before a read of archived `object_key` (offsets up to `last_offset`) at `next`: lets the
+    /// cold reader start on the partition's next archived object if a stream nearing this
+    /// object's end is there ([`ColdReader::read_ahead_next`]; it fetches at most that object's
+    /// footer meanwhile). A failure is left to the read that needs the next object.
     #[allow(clippy::too_many_arguments)]
-    fn read_ahead_next_object(
+    async fn read_ahead_next_object(
         &self,
-        cold: &Arc<ColdReader>,
+        cold: &ColdReader,
         topic: &str,
         partition: u32,
-        object_key: String,
+        object_key: &str,
         object_bytes: u64,
         last_offset: u64,
         next: u64,
@@ -2424,16 +2425,13 @@ impl Agent {
             _ => None,
         });
         let Some(Some((then_key, then_bytes))) = then else { return };
-        let cold = Arc::clone(cold);
-        tokio::spawn(async move {
-            if let Err(e) = cold.read_ahead_next(&object_key, object_bytes, next, &then_key, then_bytes).await
-            {
-                // The read that needs the next object fetches it itself and reports any error.
-                debug!(object = %then_key, error = %e, "reading the next archived object ahead failed");
-            }
-        });
+        if let Err(e) = cold.read_ahead_next(object_key, object_bytes, next, &then_key, then_bytes).await {
+            debug!(object = %then_key, error = %e, "reading the next archived object ahead failed");
+        }
     }
 
+    /// `f` of a partition in the local copy of metadata, without copying the partition (its
+    /// segment chain grows with its history): what request paths use.
     fn with_partition<T>(
         &self,
         topic: &str,

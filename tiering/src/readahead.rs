@@ -6,9 +6,10 @@
 //! row group `k`, the next row groups `k + 1 ..= k + ROW_GROUPS_AHEAD_MAX` of the same object
 //! (never beyond its last row group) are decoded in the background, so that a second core
 //! decodes the next row group while the read waits for (or consumes) the current one. When
-//! those run out (the read is in the object's last row groups), the first row group of the
-//! partition's next object, which the caller names, is read ahead instead
-//! ([`ReadaheadPlanner::plan_next_object`]).
+//! those run out (a stream is in the object's last row groups), the first row group of the
+//! partition's next object, which the caller names, is read ahead too, within the same window
+//! ([`ReadaheadPlanner::plan_next_object`]); not where a seek ended
+//! ([`ReadaheadPlanner::is_stream_at`]).
 //!
 //! Bounded in bytes, counted with each row group's uncompressed size from the footer (about
 //! the memory its decoded records take): the row groups ahead of a read may add up to at most
@@ -34,8 +35,9 @@ pub(crate) struct PlannedRowGroup {
 #[derive(Debug)]
 pub(crate) struct ReadaheadPlanner {
     bytes_max: u64,
-    /// Where recent reads ended: (object key, the offset after the last record returned).
-    read_ends: VecDeque<(String, u64)>,
+    /// Where recent reads ended: (object key, the offset after the last record returned,
+    /// whether that read was sequential itself).
+    read_ends: VecDeque<(String, u64, bool)>,
     /// Row groups being decoded ahead, with their uncompressed bytes.
     in_flight: Vec<(PlannedRowGroup, u64)>,
     closed: bool,
@@ -51,20 +53,38 @@ impl ReadaheadPlanner {
     /// earlier read ended, or at or before the object's `base_offset`.
     pub(crate) fn is_sequential(&self, object_key: &str, from_offset: u64, base_offset: u64) -> bool {
         from_offset <= base_offset
-            || self.read_ends.iter().any(|(key, end)| *end == from_offset && key == object_key)
+            || self.read_ends.iter().any(|(key, end, _)| *end == from_offset && key == object_key)
     }
 
-    /// Remembers that a read of `object_key` from `from_offset` returned records up to
-    /// `next_offset - 1`, replacing the end of the read it continued, if any.
-    pub(crate) fn read_ended(&mut self, object_key: &str, from_offset: u64, next_offset: u64) {
-        if let Some(i) = self.read_ends.iter().position(|(key, end)| *end == from_offset && key == object_key)
+    /// Whether a stream is at `offset` of `object_key`: it is the object's start, or where a
+    /// sequential read ended (so not where a seek ended: one read of a message somewhere is no
+    /// reason to read the next object ahead).
+    pub(crate) fn is_stream_at(&self, object_key: &str, offset: u64, base_offset: u64) -> bool {
+        offset <= base_offset
+            || self
+                .read_ends
+                .iter()
+                .any(|(key, end, sequential)| *sequential && *end == offset && key == object_key)
+    }
+
+    /// Remembers that a read of `object_key` from `from_offset` (`sequential` or not) returned
+    /// records up to `next_offset - 1`, replacing the end of the read it continued, if any.
+    pub(crate) fn read_ended(
+        &mut self,
+        object_key: &str,
+        from_offset: u64,
+        next_offset: u64,
+        sequential: bool,
+    ) {
+        if let Some(i) =
+            self.read_ends.iter().position(|(key, end, _)| *end == from_offset && key == object_key)
         {
             self.read_ends.remove(i);
         }
         if self.read_ends.len() >= READ_ENDS_MAX {
             self.read_ends.pop_front();
         }
-        self.read_ends.push_back((object_key.to_string(), next_offset));
+        self.read_ends.push_back((object_key.to_string(), next_offset, sequential));
     }
 
     /// The row groups to start decoding now, ahead of a sequential read that needs row group
@@ -81,19 +101,22 @@ impl ReadaheadPlanner {
     ) -> Vec<PlannedRowGroup> {
         let first = current.saturating_add(1);
         let range = first..first.saturating_add(ROW_GROUPS_AHEAD_MAX);
-        self.plan_range(object_key, object_bytes, range, row_group_bytes, is_decoded)
+        self.plan_range(object_key, object_bytes, range, 0, row_group_bytes, is_decoded)
     }
 
     /// The first row group of the object a sequential read goes on to once it is done with
-    /// the one it reads (see [`ReadaheadPlanner::plan`]), if the budget has room for it.
+    /// the one it reads (see [`ReadaheadPlanner::plan`]), if the budget has room for it after
+    /// `ahead_in_current` bytes: the row groups of the current object after the read's, which
+    /// are ahead of it too.
     pub(crate) fn plan_next_object(
         &mut self,
         object_key: &str,
         object_bytes: u64,
+        ahead_in_current: u64,
         row_group_bytes: &[u64],
         is_decoded: impl Fn(usize) -> bool,
     ) -> Vec<PlannedRowGroup> {
-        self.plan_range(object_key, object_bytes, 0..1, row_group_bytes, is_decoded)
+        self.plan_range(object_key, object_bytes, 0..1, ahead_in_current, row_group_bytes, is_decoded)
     }
 
     fn plan_range(
@@ -101,6 +124,7 @@ impl ReadaheadPlanner {
         object_key: &str,
         object_bytes: u64,
         range: std::ops::Range<usize>,
+        ahead_already: u64,
         row_group_bytes: &[u64],
         is_decoded: impl Fn(usize) -> bool,
     ) -> Vec<PlannedRowGroup> {
@@ -108,7 +132,7 @@ impl ReadaheadPlanner {
         if self.closed || self.bytes_max == 0 {
             return started;
         }
-        let mut ahead_bytes = 0u64;
+        let mut ahead_bytes = ahead_already;
         let end = row_group_bytes.len().min(range.end);
         for (rg, &bytes) in row_group_bytes.iter().enumerate().take(end).skip(range.start) {
             ahead_bytes = ahead_bytes.saturating_add(bytes);
@@ -165,18 +189,25 @@ mod tests {
         assert!(p.is_sequential("a", 10, 10), "at the first offset");
         assert!(p.is_sequential("a", 0, 10), "before the first offset");
         assert!(!p.is_sequential("a", 15, 10), "in the middle, nothing read yet");
-        p.read_ended("a", 10, 15);
+        p.read_ended("a", 10, 15, true);
         assert!(p.is_sequential("a", 15, 10));
         assert!(!p.is_sequential("b", 15, 10), "another object");
         assert!(!p.is_sequential("a", 16, 10), "a gap");
-        p.read_ended("a", 15, 20);
+        p.read_ended("a", 15, 20, true);
         assert!(!p.is_sequential("a", 15, 10), "the continued read's end is replaced");
         assert!(p.is_sequential("a", 20, 10));
         for i in 0..READ_ENDS_MAX as u64 {
-            p.read_ended("b", 1000 + i, 2000 + i);
+            p.read_ended("b", 1000 + i, 2000 + i, true);
         }
         assert!(!p.is_sequential("a", 20, 10), "the oldest end is forgotten");
         assert_eq!(p.read_ends.len(), READ_ENDS_MAX);
+        // Where a seek ended, a read continuing it is sequential, but no stream is there yet.
+        p.read_ended("c", 50, 60, false);
+        assert!(p.is_sequential("c", 60, 10));
+        assert!(!p.is_stream_at("c", 60, 10));
+        assert!(p.is_stream_at("c", 10, 10), "the object's start");
+        p.read_ended("c", 60, 70, true);
+        assert!(p.is_stream_at("c", 70, 10));
     }
 
     #[test]
@@ -194,10 +225,17 @@ mod tests {
         assert!(p.is_idle());
         assert_eq!(rgs(&p.plan("a", 1, 0, &sizes, |rg| rg == 1)), [2], "decoded already");
         assert_eq!(rgs(&p.plan("a", 2, 0, &sizes, |_| false)), [1, 2], "another object size");
-        assert_eq!(rgs(&p.plan_next_object("n", 1, &sizes, |_| false)), [0], "the next object's first");
-        assert_eq!(rgs(&p.plan_next_object("n", 1, &sizes, |_| false)), Vec::<usize>::new(), "in flight");
-        assert_eq!(rgs(&p.plan_next_object("m", 1, &sizes, |rg| rg == 0)), Vec::<usize>::new(), "decoded");
-        assert_eq!(rgs(&p.plan_next_object("e", 1, &[], |_| false)), Vec::<usize>::new(), "no row group");
+        assert_eq!(rgs(&p.plan_next_object("n", 1, 0, &sizes, |_| false)), [0], "the next object's first");
+        assert_eq!(rgs(&p.plan_next_object("n", 1, 0, &sizes, |_| false)), Vec::<usize>::new(), "in flight");
+        assert_eq!(rgs(&p.plan_next_object("m", 1, 0, &sizes, |rg| rg == 0)), Vec::<usize>::new(), "decoded");
+        assert_eq!(rgs(&p.plan_next_object("e", 1, 0, &[], |_| false)), Vec::<usize>::new(), "no row group");
+        // What is ahead in the current object counts against the budget first.
+        assert_eq!(
+            rgs(&p.plan_next_object("f", 1, 995, &sizes, |_| false)),
+            Vec::<usize>::new(),
+            "995 + 10 > 1000"
+        );
+        assert_eq!(rgs(&p.plan_next_object("f", 1, 990, &sizes, |_| false)), [0]);
     }
 
     #[test]
