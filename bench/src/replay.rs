@@ -49,6 +49,11 @@ pub struct ReplayResult {
     /// Bytes the cold reader fetched from the store while replaying / object_bytes: near 1
     /// proves the replay read the bucket, not local copies.
     pub cold_fetched_fraction: f64,
+    /// Cold reads while replaying that did not continue where an earlier read of the object
+    /// ended (`silt_tiering_cold_reads_total{pattern="random"}`): 0 when each reader's pages
+    /// follow one another, as they do; more means they lost their readahead.
+    #[serde(default)]
+    pub random_cold_reads: u64,
     /// Replay time, seconds.
     pub replay_s: f64,
     /// Replay throughput in object bytes per second (MB/s), comparable with the raw GET.
@@ -211,6 +216,8 @@ pub async fn run(
     let fetched = metric_sum(&after, "silt_tiering_cold_fetched_bytes_total", &[])
         - metric_sum(&before, "silt_tiering_cold_fetched_bytes_total", &[]);
     r.cold_fetched_fraction = fetched as f64 / r.object_bytes.max(1) as f64;
+    r.random_cold_reads = metric_sum(&after, "silt_tiering_cold_reads_total", &["pattern=\"random\""])
+        - metric_sum(&before, "silt_tiering_cold_reads_total", &["pattern=\"random\""]);
     r.replay_object_mb_per_s = r.object_bytes as f64 / r.replay_s / 1e6;
     r.replay_value_mb_per_s = r.value_bytes as f64 / r.replay_s / 1e6;
     r.replay_msgs_per_s = messages as f64 / r.replay_s;

@@ -381,11 +381,12 @@ impl Report {
                 ratio(Some(r.replay_object_mb_per_s), Some(r.raw_get_mb_per_s))
             );
             type Cell = fn(&ReplayResult) -> String;
-            let rows: [(&str, Cell); 8] = [
+            let rows: [(&str, Cell); 9] = [
                 ("replay, message values per second", |x| format!("{} MB/s", f(x.replay_value_mb_per_s))),
                 ("replay, messages per second", |x| f(x.replay_msgs_per_s)),
                 ("PUTs per GiB of values (archiving)", |x| f(x.puts_per_gib)),
                 ("GETs per GiB of values (replay)", |x| f(x.gets_per_gib)),
+                ("cold reads that were seeks (replay; 0 expected)", |x| x.random_cold_reads.to_string()),
                 ("Parquet size / segment size", |x| format!("{:.3}", x.parquet_size_ratio)),
                 ("server CPU s per GB, write + archive", |x| f(x.write_and_archive_cpu_s_per_gb)),
                 ("server CPU s per GB, replay", |x| f(x.replay_cpu_s_per_gb)),

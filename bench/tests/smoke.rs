@@ -108,6 +108,8 @@ fn a_short_run_writes_every_figure() {
     assert!(replay["puts"].as_u64().unwrap() > 0, "{replay}");
     assert!(replay["gets"].as_u64().unwrap() > 0, "{replay}");
     assert!(replay["cold_fetched_fraction"].as_f64().unwrap() > 0.5, "{replay}");
+    // Each reader's pages continue one another: none of the cold reads is a seek.
+    assert_eq!(replay["random_cold_reads"], 0, "{replay}");
     assert!(replay["parquet_size_ratio"].as_f64().unwrap() > 0.0, "{replay}");
     assert!(replay["raw_get_mb_per_s"].as_f64().unwrap() > 0.0, "{replay}");
 
@@ -117,6 +119,7 @@ fn a_short_run_writes_every_figure() {
             r["replays"].as_array().unwrap().iter().find(|x| x["store"] == "SeaweedFS").expect("S3 replay");
         assert_eq!(on_s3["result"]["value_bytes"], 8 << 20, "{on_s3}");
         assert!(on_s3["result"]["raw_get_mb_per_s"].as_f64().unwrap() > 0.0, "{on_s3}");
+        assert_eq!(on_s3["result"]["random_cold_reads"], 0, "{on_s3}");
     }
 
     let md = std::fs::read_to_string(results.path().join("latest/results.md")).unwrap();
