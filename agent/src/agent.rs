@@ -2405,14 +2405,15 @@ impl Agent {
         self.with_partition(topic, partition, Clone::clone)
     }
 
-    /// Before a read of archived `object_key` (offsets up to `last_offset`) at `next`: lets the
-    /// cold reader start on the partition's next archived object if a stream nearing this
-    /// object's end is there ([`ColdReader::read_ahead_next`]; it fetches at most that object's
-    /// footer meanwhile). A failure is left to the read that needs the next object.
+    /// Before a read of archived `object_key` (offsets up to `last_offset`) at `next`: if a
+    /// stream nearing this object's end is there ([`ColdReader::next_object_due`], decided now,
+    /// before the read moves it on), has the cold reader start on the partition's next archived
+    /// object in the background, so the read does not wait for that object's footer. A failure
+    /// is left to the read that needs the next object.
     #[allow(clippy::too_many_arguments)]
     async fn read_ahead_next_object(
         &self,
-        cold: &ColdReader,
+        cold: &Arc<ColdReader>,
         topic: &str,
         partition: u32,
         object_key: &str,
@@ -2425,9 +2426,17 @@ impl Agent {
             _ => None,
         });
         let Some(Some((then_key, then_bytes))) = then else { return };
-        if let Err(e) = cold.read_ahead_next(object_key, object_bytes, next, &then_key, then_bytes).await {
-            debug!(object = %then_key, error = %e, "reading the next archived object ahead failed");
-        }
+        let due = match cold.next_object_due(object_key, object_bytes, next).await {
+            Ok(Some(due)) => due,
+            // Not due; or this object's footer could not be read, which the read reports.
+            Ok(None) | Err(_) => return,
+        };
+        let cold = Arc::clone(cold);
+        tokio::spawn(async move {
+            if let Err(e) = cold.read_ahead_next_object(due, &then_key, then_bytes).await {
+                debug!(object = %then_key, error = %e, "reading the next archived object ahead failed");
+            }
+        });
     }
 
     /// `f` of a partition in the local copy of metadata, without copying the partition (its

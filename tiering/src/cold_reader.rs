@@ -100,6 +100,14 @@ impl Default for ColdReaderOptions {
     }
 }
 
+/// A stream that is due to read the partition's next object ahead
+/// ([`ColdReader::next_object_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextObjectDue {
+    /// Bytes of the current object's row groups after the stream's, ahead of it too.
+    ahead_in_current: u64,
+}
+
 /// Counters of a [`ColdReader`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ColdReaderStats {
@@ -593,7 +601,9 @@ impl ColdReader {
     /// nothing after, this starts decoding the next object's first row group (fetching its
     /// footer now if needed) within the readahead budget, so that the stream does not wait for
     /// a fetch where one object ends and the next begins. Does nothing anywhere else (after a
-    /// seek, or further from the object's end).
+    /// seek, or further from the object's end). [`ColdReader::next_object_due`] and
+    /// [`ColdReader::read_ahead_next_object`] are its two halves, for a caller that decides
+    /// before its read and fetches the next object's footer in the background.
     pub async fn read_ahead_next(
         &self,
         object_key: &str,
@@ -602,9 +612,24 @@ impl ColdReader {
         then_key: &str,
         then_bytes: u64,
     ) -> Result<(), TieringError> {
+        match self.next_object_due(object_key, object_bytes, next_offset).await? {
+            Some(due) => self.read_ahead_next_object(due, then_key, then_bytes).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a stream at `next_offset` of `object_key` is due to read the partition's next
+    /// object ahead (see [`ColdReader::read_ahead_next`]), decided now: before the read that
+    /// goes on from there moves the stream on.
+    pub async fn next_object_due(
+        &self,
+        object_key: &str,
+        object_bytes: u64,
+        next_offset: u64,
+    ) -> Result<Option<NextObjectDue>, TieringError> {
         let footer = self.footer(object_key, object_bytes).await?;
         if !self.readahead.planner().is_stream_at(object_key, next_offset, footer.meta.base_offset) {
-            return Ok(());
+            return Ok(None);
         }
         let current = footer
             .row_groups
@@ -612,15 +637,26 @@ impl ColdReader {
             .position(|s| s.is_none_or(|s| s.max_offset >= next_offset))
             .unwrap_or(footer.row_groups.len());
         if current.saturating_add(ROW_GROUPS_AHEAD_MAX) < footer.row_groups.len() {
-            return Ok(());
+            return Ok(None);
         }
-        let ahead_in_current: u64 = footer.row_group_bytes.iter().skip(current.saturating_add(1)).sum();
+        let ahead_in_current = footer.row_group_bytes.iter().skip(current.saturating_add(1)).sum();
+        Ok(Some(NextObjectDue { ahead_in_current }))
+    }
+
+    /// Starts decoding the first row group of `then_key` (of `then_bytes` bytes) for a stream
+    /// [`ColdReader::next_object_due`] found due, fetching its footer first if needed.
+    pub async fn read_ahead_next_object(
+        &self,
+        due: NextObjectDue,
+        then_key: &str,
+        then_bytes: u64,
+    ) -> Result<(), TieringError> {
         let then = self.footer(then_key, then_bytes).await?;
         self.start_read_ahead(then_key, then_bytes, &then, |planner, is_decoded| {
             planner.plan_next_object(
                 then_key,
                 then_bytes,
-                ahead_in_current,
+                due.ahead_in_current,
                 &then.row_group_bytes,
                 is_decoded,
             )
