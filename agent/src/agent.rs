@@ -2421,16 +2421,16 @@ impl Agent {
         last_offset: u64,
         next: u64,
     ) {
-        let then = self.with_partition(topic, partition, |part| match locate(part, last_offset + 1) {
-            Location::Cold { object_key, object_bytes, .. } => Some((object_key, object_bytes)),
-            _ => None,
-        });
-        let Some(Some((then_key, then_bytes))) = then else { return };
         let due = match cold.next_object_due(object_key, object_bytes, next).await {
             Ok(Some(due)) => due,
             // Not due; or this object's footer could not be read, which the read reports.
             Ok(None) | Err(_) => return,
         };
+        let then = self.with_partition(topic, partition, |part| match locate(part, last_offset + 1) {
+            Location::Cold { object_key, object_bytes, .. } => Some((object_key, object_bytes)),
+            _ => None,
+        });
+        let Some(Some((then_key, then_bytes))) = then else { return };
         let cold = Arc::clone(cold);
         tokio::spawn(async move {
             if let Err(e) = cold.read_ahead_next_object(due, &then_key, then_bytes).await {

@@ -595,32 +595,12 @@ impl ColdReader {
         });
     }
 
-    /// A stream of sequential reads of `object_key`, now at `next_offset` (the object's start,
-    /// or where a sequential read ended), goes on into `then_key` (of `then_bytes` bytes), the
-    /// partition's next object: once it is in the row groups the object's own readahead has
-    /// nothing after, this starts decoding the next object's first row group (fetching its
-    /// footer now if needed) within the readahead budget, so that the stream does not wait for
-    /// a fetch where one object ends and the next begins. Does nothing anywhere else (after a
-    /// seek, or further from the object's end). [`ColdReader::next_object_due`] and
-    /// [`ColdReader::read_ahead_next_object`] are its two halves, for a caller that decides
-    /// before its read and fetches the next object's footer in the background.
-    pub async fn read_ahead_next(
-        &self,
-        object_key: &str,
-        object_bytes: u64,
-        next_offset: u64,
-        then_key: &str,
-        then_bytes: u64,
-    ) -> Result<(), TieringError> {
-        match self.next_object_due(object_key, object_bytes, next_offset).await? {
-            Some(due) => self.read_ahead_next_object(due, then_key, then_bytes).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Whether a stream at `next_offset` of `object_key` is due to read the partition's next
-    /// object ahead (see [`ColdReader::read_ahead_next`]), decided now: before the read that
-    /// goes on from there moves the stream on.
+    /// Whether a stream of sequential reads of `object_key`, now at `next_offset` (the object's
+    /// start, or where a sequential read ended), is due to read the partition's next object
+    /// ahead: it is in the row groups the object's own readahead has nothing after. Decided
+    /// now, before the read that goes on from there moves the stream on; never after a seek.
+    /// [`ColdReader::read_ahead_next_object`] then starts on the next object, so that the
+    /// stream does not wait for a fetch where one object ends and the next begins.
     pub async fn next_object_due(
         &self,
         object_key: &str,
@@ -1365,6 +1345,13 @@ mod tests {
         );
     }
 
+    /// Both halves of reading the next object ahead, as the agent calls them.
+    async fn read_ahead_next(reader: &ColdReader, f: &Fixture, next: u64, then_key: &str, then_bytes: u64) {
+        if let Some(due) = reader.next_object_due(&f.key, f.object_bytes, next).await.unwrap() {
+            reader.read_ahead_next_object(due, then_key, then_bytes).await.unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn a_stream_near_the_end_of_an_object_reads_the_next_object_ahead() {
         let f = fixture(0).await;
@@ -1395,7 +1382,7 @@ mod tests {
         drained(&reader).await;
         let work = |s: ColdReaderStats| (s.cache_misses, s.fetches, s.readahead_row_groups);
         let mid = reader.stats();
-        reader.read_ahead_next(&f.key, f.object_bytes, next, &then_key, then_bytes).await.unwrap();
+        read_ahead_next(&reader, &f, next, &then_key, then_bytes).await;
         drained(&reader).await;
         assert_eq!(work(reader.stats()), work(mid), "read the next object ahead from the middle of this one");
         // Where a seek near the end ended (a message read on its own): nothing either.
@@ -1403,13 +1390,13 @@ mod tests {
         assert_eq!(seek, f.records[9_500..9_501].to_vec());
         drained(&reader).await;
         let sought = reader.stats();
-        reader.read_ahead_next(&f.key, f.object_bytes, 9_501, &then_key, then_bytes).await.unwrap();
+        read_ahead_next(&reader, &f, 9_501, &then_key, then_bytes).await;
         drained(&reader).await;
         assert_eq!(work(reader.stats()), work(sought), "read the next object ahead after a seek");
         // In the last row groups: the next object's first row group is decoded in the background,
         // and the stream's first read there fetches nothing.
         let next = read_to(9_000).await;
-        reader.read_ahead_next(&f.key, f.object_bytes, next, &then_key, then_bytes).await.unwrap();
+        read_ahead_next(&reader, &f, next, &then_key, then_bytes).await;
         drained(&reader).await;
         let before = reader.stats();
         assert_eq!(read_to(10_000).await, 10_000);
