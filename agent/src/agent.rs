@@ -251,7 +251,9 @@ struct Repair {
     partition: u32,
     segment: u64,
     segment_epoch: u64,
-    gone: String,
+    /// The member `with` replaces; `None` adds `with` to a segment sealed with fewer than R
+    /// members.
+    gone: Option<String>,
     with: String,
     with_addr: String,
     with_instance: String,
@@ -2085,8 +2087,9 @@ impl Agent {
 
     /// Ensemble repair: of the sealed segments whose first intact replica is on this agent,
     /// finds one with a replica on an agent gone longer than `replica_repair_after` (or on a
-    /// replaced disk), has a live agent outside the ensemble copy it from here, and records
-    /// the new member in metadata. One repair runs at a time.
+    /// replaced disk), or with fewer members than the topic's replication factor (sealed after
+    /// a follower left midway), has a live agent outside the ensemble copy it from here, and
+    /// records the new member in metadata. One repair runs at a time.
     fn start_repair(&self) {
         use std::sync::atomic::Ordering as O;
         if self.inner.repairing.load(O::Relaxed) {
@@ -2109,27 +2112,33 @@ impl Agent {
                 .peers
                 .replica_repair((&r.with, &r.with_addr), &r.topic, r.partition, &target, &me)
                 .await;
+            let record = match &r.gone {
+                Some(gone) => Command::ReplaceReplica {
+                    topic: r.topic.clone(),
+                    topic_id: r.topic_id,
+                    partition: r.partition,
+                    base_offset: r.segment,
+                    gone: gone.clone(),
+                    with: r.with.clone(),
+                    instance: r.with_instance.clone(),
+                },
+                None => Command::AddReplica {
+                    topic: r.topic.clone(),
+                    topic_id: r.topic_id,
+                    partition: r.partition,
+                    base_offset: r.segment,
+                    with: r.with.clone(),
+                    instance: r.with_instance.clone(),
+                },
+            };
             let result = match copied {
-                Ok(()) => agent
-                    .inner
-                    .metadata
-                    .write(Command::ReplaceReplica {
-                        topic: r.topic.clone(),
-                        topic_id: r.topic_id,
-                        partition: r.partition,
-                        base_offset: r.segment,
-                        gone: r.gone.clone(),
-                        with: r.with.clone(),
-                        instance: r.with_instance.clone(),
-                    })
-                    .await
-                    .map(|_| ())
-                    .map_err(ApiError::from),
+                Ok(()) => agent.inner.metadata.write(record).await.map(|_| ()).map_err(ApiError::from),
                 Err(e) => Err(e),
             };
             match result {
                 Ok(()) => {
-                    info!(topic = %r.topic, partition = r.partition, segment = r.segment, gone = %r.gone, with = %r.with,
+                    let gone = r.gone.as_deref().unwrap_or("none (the segment was sealed short of members)");
+                    info!(topic = %r.topic, partition = r.partition, segment = r.segment, gone, with = %r.with,
                     "repaired an ensemble: the segment has a new replica")
                 }
                 Err(e) => {
@@ -2182,10 +2191,13 @@ impl Agent {
                         if first.map(|(_, a)| a.as_str()) != Some(me) {
                             continue;
                         }
-                        let Some(gone) = seg.ensemble.iter().enumerate().find(|(i, a)| gone(seg, *i, a))
-                        else {
+                        // A member gone, or else a missing one: a segment sealed after a
+                        // follower left midway has fewer than R members.
+                        let gone = seg.ensemble.iter().enumerate().find(|(i, a)| gone(seg, *i, a));
+                        let short = seg.ensemble.len() < t.config.replication_factor as usize;
+                        if gone.is_none() && !short {
                             continue;
-                        };
+                        }
                         // A live agent outside the ensemble; not the partition's writer, whose
                         // log belongs to its writer task.
                         let with = s
@@ -2201,7 +2213,7 @@ impl Agent {
                             partition: p as u32,
                             segment: seg.base_offset,
                             segment_epoch: seg.epoch,
-                            gone: gone.1.clone(),
+                            gone: gone.map(|(_, a)| a.clone()),
                             with: with.id.clone(),
                             with_addr: with.addr.clone(),
                             with_instance: with.instance.clone(),

@@ -195,9 +195,12 @@ impl PartitionLog {
     }
 
     /// Adds a whole sealed segment (its batches, offsets contiguous) that this log holds no
-    /// part of: ensemble repair copies it from another replica. It goes where its offsets
-    /// belong, between the segments around it; placed after the last one, the active segment
-    /// is sealed (or dropped, if empty) and a new empty one starts after the copy.
+    /// part of, or only a beginning of: ensemble repair copies it from another replica. It
+    /// goes where its offsets belong, between the segments around it; placed after the last
+    /// one, the active segment is sealed (or dropped, if empty) and a new empty one starts
+    /// after the copy. A segment held here from the same offset whose batches are the copy's
+    /// first batches, byte for byte (what a follower that left the ensemble midway kept), is
+    /// replaced by the copy.
     pub fn insert_sealed(&mut self, batches: &[RecordBatch]) -> Result<(), StoreError> {
         let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
             return Err(StoreError::Diverged("an empty segment cannot be copied".into()));
@@ -207,6 +210,22 @@ impl PartitionLog {
         if self.active().record_count() == 0 && self.active().base_offset() < end {
             let old = self.segments.pop().expect("a log has an active segment");
             old.delete_files()?;
+        }
+        if let Some(i) = self.segments.iter().position(|s| s.base_offset() == base && s.next_offset() <= end)
+        {
+            if self.segments.get(i + 1).is_none_or(|next| next.base_offset() >= end)
+                && self.segments[i].record_count() > 0
+                && is_prefix(&self.segments[i], batches)?
+            {
+                // Gone before the copy lands: a crash in between leaves neither, and the copy
+                // is recorded in metadata only after this returns.
+                let held = self.segments.remove(i);
+                if self.segments.is_empty() {
+                    self.segments.push(Segment::create(&self.dir, end)?);
+                }
+                held.delete_files()?;
+                sync_dir(&self.dir)?;
+            }
         }
         let at = self.segments.partition_point(|s| s.base_offset() < base);
         let overlaps_before = at > 0 && self.segments[at - 1].next_offset() > base;
@@ -359,6 +378,16 @@ impl PartitionLog {
 const OFFSET_FOR_TIME_READ_BYTES: usize = 1024 * 1024;
 
 /// Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay far below that.
+/// Whether `held` holds exactly the first batches of `batches`, byte for byte.
+fn is_prefix(held: &Segment, batches: &[RecordBatch]) -> Result<bool, StoreError> {
+    let view = held.view(held.size_bytes(), held.next_offset());
+    let ours = view.read_batches(IndexEntry { offset: held.base_offset(), position: 0 }, usize::MAX)?;
+    if ours.last().map(RecordBatch::next_offset) != Some(held.next_offset()) || ours.len() > batches.len() {
+        return Ok(false);
+    }
+    Ok(ours.iter().zip(batches).all(|(a, b)| a.as_bytes() == b.as_bytes()))
+}
+
 fn epoch_i32(epoch: u64) -> i32 {
     i32::try_from(epoch).unwrap_or(i32::MAX)
 }
@@ -657,6 +686,69 @@ mod tests {
         let bounds =
             log.segments().iter().map(|s| (s.base_offset(), s.next_offset(), s.size_bytes())).collect();
         (read_all(&reader, 0, 700), times, bounds)
+    }
+
+    /// A writer's sealed segment of 8 batches (offsets 0..), its batches, and its records.
+    fn written_segment(dir: &Path, tag: u64) -> (Vec<RecordBatch>, Vec<NewRecord>) {
+        let (mut log, _) = PartitionLog::open(dir).unwrap();
+        let mut expected = Vec::new();
+        for i in 0..8 {
+            expected.extend(append(&mut log, &[records(tag + 10 * i, 3, 100, |n| n as i64)]));
+        }
+        log.roll().unwrap();
+        let batches = log.reader().read(0, usize::MAX).unwrap().batches;
+        assert_eq!(batches.len(), 8);
+        (batches, expected)
+    }
+
+    #[test]
+    fn a_copy_replaces_the_beginning_of_its_segment_a_follower_kept_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (batches, expected) = written_segment(&dir.path().join("writer"), 0);
+        let end = batches.last().unwrap().next_offset();
+        let ranges = |log: &PartitionLog| -> Vec<(u64, u64)> {
+            log.segments().iter().map(|s| (s.base_offset(), s.next_offset())).collect()
+        };
+
+        // The follower left the ensemble after 3 batches: they are its active segment.
+        let kept = dir.path().join("kept");
+        let (mut log, _) = PartitionLog::open(&kept).unwrap();
+        log.append_replicated(&batches[..3]).unwrap();
+        log.publish();
+        log.insert_sealed(&batches).unwrap();
+        assert_eq!(ranges(&log), [(0, end), (end, end)]);
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
+        drop(log);
+        let (log, _) = PartitionLog::open(&kept).unwrap();
+        assert_eq!(ranges(&log), [(0, end), (end, end)], "as reopened from disk");
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
+
+        // ... and later followed a newer segment of the partition.
+        let later = dir.path().join("later");
+        let (mut log, _) = PartitionLog::open(&later).unwrap();
+        log.append_replicated(&batches[..5]).unwrap();
+        log.start_segment_at(end + 30).unwrap();
+        log.insert_sealed(&batches).unwrap();
+        assert_eq!(ranges(&log), [(0, end), (end + 30, end + 30)]);
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
+
+        // A segment at the same offset with other records is not a beginning of the copy.
+        let (other, _) = written_segment(&dir.path().join("other writer"), 1000);
+        let diverged = dir.path().join("diverged");
+        let (mut log, _) = PartitionLog::open(&diverged).unwrap();
+        log.append_replicated(&other[..3]).unwrap();
+        log.publish();
+        let before = read_all(&log.reader(), 0, 700);
+        assert!(matches!(log.insert_sealed(&batches), Err(StoreError::Diverged(_))));
+        assert_eq!(ranges(&log).len(), 1);
+        assert_eq!(read_all(&log.reader(), 0, 700), before, "a refused copy changes nothing");
+        // Nor is a segment longer than the copy.
+        let longer = dir.path().join("longer");
+        let (mut log, _) = PartitionLog::open(&longer).unwrap();
+        log.append_replicated(&batches).unwrap();
+        log.publish();
+        assert!(matches!(log.insert_sealed(&batches[..4]), Err(StoreError::Diverged(_))));
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
     }
 
     #[test]

@@ -290,6 +290,22 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// Ensemble repair: agent `with` now holds a full copy of a sealed segment that has fewer
+    /// members than the topic's replication factor (sealed after a follower left midway).
+    AddReplica {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset; the segment must be sealed.
+        base_offset: u64,
+        /// The new member; not yet in the ensemble.
+        with: String,
+        /// The new member's data-directory instance.
+        instance: String,
+    },
     /// Ensemble repair: agent `with` now holds a full copy of a sealed segment in place of
     /// `gone` (an agent that is gone, or lost its disk).
     ReplaceReplica {
@@ -708,19 +724,8 @@ impl MetadataState {
                 Ok(Response::Ok)
             }
             Command::ReplaceReplica { topic, topic_id, partition, base_offset, gone, with, instance } => {
-                self.check_topic_id(topic, Some(*topic_id))?;
-                let p = self.partition_mut(topic, *partition)?;
-                let Some(seg) = p.segments.get_mut(base_offset).filter(|s| s.state == SegmentState::Sealed)
-                else {
-                    return Err(MetadataError::InvalidArgument(format!(
-                        "{topic}/{partition} has no sealed segment at offset {base_offset}"
-                    )));
-                };
-                if seg.ensemble.contains(with) {
-                    return Err(MetadataError::InvalidArgument(format!(
-                        "agent '{with}' already holds segment {base_offset} of {topic}/{partition}"
-                    )));
-                }
+                let seg =
+                    self.sealed_segment_for_new_member(topic, *topic_id, *partition, *base_offset, with)?;
                 let Some(i) = seg.ensemble.iter().position(|a| a == gone) else {
                     return Err(MetadataError::InvalidArgument(format!(
                         "agent '{gone}' holds no replica of segment {base_offset} of {topic}/{partition}"
@@ -730,6 +735,23 @@ impl MetadataState {
                 if let Some(slot) = seg.instances.get_mut(i) {
                     *slot = instance.clone();
                 }
+                Ok(Response::Ok)
+            }
+            Command::AddReplica { topic, topic_id, partition, base_offset, with, instance } => {
+                let wanted = self.topics.get(topic).map_or(0, |t| t.config.replication_factor as usize);
+                let seg =
+                    self.sealed_segment_for_new_member(topic, *topic_id, *partition, *base_offset, with)?;
+                if seg.ensemble.len() >= wanted {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "segment {base_offset} of {topic}/{partition} already has {} members (replication.factor={wanted})",
+                        seg.ensemble.len()
+                    )));
+                }
+                // Instances are recorded for every member or for none.
+                if seg.instances.len() == seg.ensemble.len() && !seg.instances.is_empty() {
+                    seg.instances.push(instance.clone());
+                }
+                seg.ensemble.push(with.clone());
                 Ok(Response::Ok)
             }
             Command::ArchiveSegment {
@@ -967,6 +989,31 @@ impl MetadataState {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// The sealed segment at `base_offset` of a partition of the topic with id `topic_id`, for
+    /// `with` to become a member of: refused if there is none, or if `with` is one already.
+    fn sealed_segment_for_new_member(
+        &mut self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        base_offset: u64,
+        with: &str,
+    ) -> Result<&mut Segment, MetadataError> {
+        self.check_topic_id(topic, Some(topic_id))?;
+        let p = self.partition_mut(topic, partition)?;
+        let Some(seg) = p.segments.get_mut(&base_offset).filter(|s| s.state == SegmentState::Sealed) else {
+            return Err(MetadataError::InvalidArgument(format!(
+                "{topic}/{partition} has no sealed segment at offset {base_offset}"
+            )));
+        };
+        if seg.ensemble.iter().any(|a| a == with) {
+            return Err(MetadataError::InvalidArgument(format!(
+                "agent '{with}' already holds segment {base_offset} of {topic}/{partition}"
+            )));
+        }
+        Ok(seg)
     }
 
     pub(crate) fn partition_mut(
@@ -1252,10 +1299,16 @@ mod tests {
         assert_eq!(s.topics["t"].id, 1, "ids are never reused");
     }
 
-    #[test]
-    fn a_seal_keeps_only_the_replicas_that_hold_the_whole_segment() {
+    /// Partition 0 of topic "t" (created with `config`) with writer "a" and an open segment at
+    /// offset 0 on "a", "b" and "c" (instances "ia", "ib", "ic").
+    fn open_on_three(config: &[(&str, &str)]) -> MetadataState {
         let mut s = MetadataState::default();
-        create(&mut s, "t", 1);
+        s.apply(&Command::CreateTopic {
+            name: "t".into(),
+            partitions: 1,
+            config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            now_ms: 1,
+        });
         let claim =
             Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "a".into(), expected_epoch: None };
         assert_eq!(s.apply(&claim), Response::Epoch { epoch: 1 });
@@ -1270,8 +1323,13 @@ mod tests {
             now_ms: 5,
         };
         assert_eq!(s.apply(&open), Response::Ok);
-        let seal = |replicas: Vec<&str>| Command::SealSegment {
-            replicas: Some(replicas.into_iter().map(String::from).collect()),
+        s
+    }
+
+    /// Seals the segment `open_on_three` opened with 10 records held whole by `replicas`.
+    fn seal_held_by(replicas: &[&str]) -> Command {
+        Command::SealSegment {
+            replicas: Some(replicas.iter().map(|r| r.to_string()).collect()),
             topic: "t".into(),
             topic_id: None,
             partition: 0,
@@ -1282,16 +1340,56 @@ mod tests {
             min_timestamp_ms: None,
             max_timestamp_ms: None,
             now_ms: 6,
-        };
+        }
+    }
+
+    #[test]
+    fn a_seal_keeps_only_the_replicas_that_hold_the_whole_segment() {
+        let mut s = open_on_three(&[]);
         let before = s.clone();
-        assert!(matches!(s.apply(&seal(vec!["a", "x"])), Response::Error { .. }), "only members");
-        assert!(matches!(s.apply(&seal(vec![])), Response::Error { .. }), "at least one");
+        assert!(matches!(s.apply(&seal_held_by(&["a", "x"])), Response::Error { .. }), "only members");
+        assert!(matches!(s.apply(&seal_held_by(&[])), Response::Error { .. }), "at least one");
         assert_eq!(s, before, "a refused seal changes nothing");
-        assert_eq!(s.apply(&seal(vec!["a", "c"])), Response::Ok);
+        assert_eq!(s.apply(&seal_held_by(&["a", "c"])), Response::Ok);
         let seg = &s.topics["t"].partitions[0].segments[&0];
         assert_eq!(seg.ensemble, ["a", "c"]);
         assert_eq!(seg.instances, ["ia", "ic"], "instances follow their members");
         assert_eq!(seg.state, SegmentState::Sealed);
+    }
+
+    #[test]
+    fn a_sealed_segment_short_of_members_takes_new_ones_up_to_the_replication_factor() {
+        let mut s = open_on_three(&[("replication.factor", "3")]);
+        let id = s.topics["t"].id;
+        let add = |with: &str, base_offset: u64, topic_id: u64| Command::AddReplica {
+            topic: "t".into(),
+            topic_id,
+            partition: 0,
+            base_offset,
+            with: with.into(),
+            instance: format!("i{with}"),
+        };
+        let before = s.clone();
+        assert!(matches!(s.apply(&add("d", 0, id)), Response::Error { .. }), "an open segment");
+        assert_eq!(s, before, "a refused command changes nothing");
+        // Sealed after b left midway: a and c hold it whole.
+        assert_eq!(s.apply(&seal_held_by(&["a", "c"])), Response::Ok);
+        let before = s.clone();
+        for (refused, why) in [
+            (add("c", 0, id), "a member"),
+            (add("b", 7, id), "no segment there"),
+            (add("b", 0, id + 1), "another topic id"),
+        ] {
+            assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
+        }
+        assert_eq!(s, before, "refused commands change nothing");
+        assert_eq!(s.apply(&add("b", 0, id)), Response::Ok);
+        let seg = &s.topics["t"].partitions[0].segments[&0];
+        assert_eq!(seg.ensemble, ["a", "c", "b"]);
+        assert_eq!(seg.instances, ["ia", "ic", "ib"], "the new member's instance is recorded");
+        let before = s.clone();
+        assert!(matches!(s.apply(&add("d", 0, id)), Response::Error { .. }), "already R members");
+        assert_eq!(s, before);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use silt::client::{Client, OutMessage};
+use silt::silt_metadata::state::Partition;
 use silt::silt_metadata::MetadataState;
 use silt_tests::{wait_for, AgentOptions, MetadataCluster, Proxy, SiltDev};
 
@@ -178,6 +179,49 @@ impl Cluster {
                 self.logs()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Partition 0 of "logs" once `done` holds of it, within 60 s of ensemble repair.
+    async fn repaired(&self, done: impl Fn(&MetadataState, &Partition) -> bool) -> Partition {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.state().await.expect("state");
+            let part = &s.topics["logs"].partitions[0];
+            if done(&s, part) {
+                return part.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not repaired within 60 s: {:?}\nunder-replicated: {:?}\nlogs:\n{}",
+                part.segments,
+                s.under_replicated(),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every member of each of the sealed segments at `bases` of partition 0 of "logs" serves it
+    /// whole from its disk: every offset, each with the acknowledged value.
+    async fn holders_serve_whole(&self, part: &Partition, bases: &[u64], acked: &BTreeMap<u64, String>) {
+        for base in bases {
+            let seg = &part.segments[base];
+            let last = seg.last_offset.expect("sealed");
+            for holder in &seg.ensemble {
+                let agent = &self.agents[self.index_of(holder)];
+                let page = silt_tests::held_records(agent.url(), "logs", 0, *base, 10_000).await;
+                let offsets: Vec<u64> = page.records.iter().map(|r| r.offset).collect();
+                assert_eq!(
+                    offsets,
+                    (*base..=last).collect::<Vec<_>>(),
+                    "{holder} holds segment {base} whole"
+                );
+                for r in &page.records {
+                    let value = String::from_utf8(r.value.clone().expect("value").to_vec()).expect("utf8");
+                    assert_eq!(Some(&value), acked.get(&r.offset), "{holder} at {}", r.offset);
+                }
+            }
         }
     }
 
@@ -698,42 +742,99 @@ async fn replicas_on_an_agent_gone_too_long_are_copied_to_another_agent() {
 
     // Within the lease and the repair delay, every sealed segment it held is on three live
     // agents again, and nothing is under-replicated.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let repaired = loop {
-        let s = cluster.state().await.expect("state");
-        let part = &s.topics["logs"].partitions[0];
-        if sealed.iter().all(|b| !part.segments[b].ensemble.contains(&gone))
-            && s.under_replicated().is_empty()
-        {
-            break part.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not repaired within 60 s: {:?}\nunder-replicated: {:?}\nlogs:\n{}",
-            part.segments,
-            s.under_replicated(),
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let repaired = cluster
+        .repaired(|s, part| {
+            sealed.iter().all(|b| !part.segments[b].ensemble.contains(&gone))
+                && s.under_replicated().is_empty()
+        })
+        .await;
     // The new holders serve the copies: every acknowledged record, straight from their disks.
-    for base in &sealed {
-        let seg = &repaired.segments[base];
-        let last = seg.last_offset.expect("sealed");
-        for holder in &seg.ensemble {
-            let agent = &cluster.agents[cluster.index_of(holder)];
-            let page = silt_tests::held_records(agent.url(), "logs", 0, *base, 1000).await;
-            assert_eq!(
-                page.records.len() as u64,
-                last - base + 1,
-                "{holder} holds segment {base} whole: {page:?}"
-            );
-            for r in &page.records {
-                let value = String::from_utf8(r.value.clone().expect("value").to_vec()).expect("utf8");
-                assert_eq!(Some(&value), acked.get(&r.offset), "{holder} at {}", r.offset);
-            }
+    cluster.holders_serve_whole(&repaired, &sealed, &acked).await;
+}
+
+/// A follower cut off from the writer midway leaves the open segment's ensemble, and the writer
+/// seals that segment with the two members that hold it whole. Once the follower answers
+/// again, the sealed segment gets a third replica back: the follower itself, whose copy of the
+/// segment's beginning is replaced by a whole one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_sealed_after_a_follower_left_midway_gets_its_missing_replica_back() {
+    // No archiving: sealed segments stay on the agents' disks, the only copies there are.
+    let cluster = Cluster::start_with(3, &["--no-compactor", "--replica-repair-after", "1s"]).await;
+    let config = BTreeMap::from([("replication.factor".to_string(), "3".to_string())]);
+    cluster.agents[0].client().create_topic("logs", 1, &config).await.expect("create topic");
+    let (writer, followers) = cluster.writer_and_followers("logs", 0).await;
+    assert_eq!(followers.len(), 2);
+    let client = cluster.agents[cluster.index_of(&writer)].client();
+    let mut acked: BTreeMap<u64, String> = BTreeMap::new();
+    let mut round = 0;
+    let mut produce = async |acked: &mut BTreeMap<u64, String>| {
+        let batch: Vec<OutMessage> = (0..20)
+            .map(|i| OutMessage { value: Some(format!("r{round}-{i}")), ..OutMessage::default() })
+            .collect();
+        round += 1;
+        let ids = client.produce("logs", &batch).await.expect("produce");
+        for (id, m) in ids.iter().zip(&batch) {
+            acked.insert(offset_of(id).1, m.value.clone().expect("value"));
         }
-    }
+    };
+    produce(&mut acked).await;
+    let s = cluster.state().await.expect("state");
+    let segment = s.topics["logs"].partitions[0].open_segment().expect("open segment").base_offset;
+    let left = followers[0].clone();
+    let l = cluster.index_of(&left);
+    cluster.cut_from_agents(l);
+    // Writes go on at W = 2; the segment is sealed without the follower that left.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let short = loop {
+        produce(&mut acked).await;
+        let s = cluster.state().await.expect("state");
+        let seg = &s.topics["logs"].partitions[0].segments[&segment];
+        if seg.last_offset.is_some() {
+            assert!(!seg.ensemble.contains(&left), "{left} left midway, yet holds it whole: {seg:?}");
+            break seg.clone();
+        }
+        assert!(Instant::now() < deadline, "segment {segment} not sealed 60 s after the cut: {seg:?}");
+    };
+    assert_eq!(short.ensemble.len(), 2, "{short:?}");
+    let s = cluster.state().await.expect("state");
+    assert!(
+        s.under_replicated().iter().any(|u| u.base_offset == segment && !u.open && u.replicas == 2),
+        "reported under-replicated: {:?}",
+        s.under_replicated()
+    );
+    // What the follower kept: the segment's beginning.
+    let name = format!("{segment:020}.log");
+    let kept = || -> Vec<u64> {
+        segment_files_holding_records(cluster.agents[l].data_dir())
+            .into_iter()
+            .filter(|(path, _)| path.ends_with(&name))
+            .map(|(_, len)| len)
+            .collect()
+    };
+    let before = kept();
+    assert!(
+        matches!(before[..], [len] if len < short.size_bytes),
+        "{left} holds the beginning of segment {segment} ({} bytes): {before:?}",
+        short.size_bytes
+    );
+    cluster.heal_from_agents(l);
+
+    // Every sealed segment gets its third replica back.
+    let repaired = cluster
+        .repaired(|_, part| {
+            part.segments.values().filter(|seg| seg.last_offset.is_some()).all(|seg| seg.ensemble.len() == 3)
+        })
+        .await;
+    assert!(repaired.segments[&segment].ensemble.contains(&left), "{:?}", repaired.segments[&segment]);
+    // Each holder serves each sealed segment whole: every acknowledged record, from its disk.
+    let sealed: Vec<u64> = repaired
+        .segments
+        .values()
+        .filter(|seg| seg.last_offset.is_some())
+        .map(|seg| seg.base_offset)
+        .collect();
+    cluster.holders_serve_whole(&repaired, &sealed, &acked).await;
+    assert_eq!(kept(), [short.size_bytes], "{left}'s copy of segment {segment} is whole now");
 }
 
 /// A recovering writer raises the fence of a replica that holds nothing yet, and the agent's
