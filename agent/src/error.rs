@@ -62,6 +62,10 @@ pub enum StoreError {
         /// End of the log.
         high_watermark: u64,
     },
+    /// A read of the page cache only would have waited for the disk; it is done again on the
+    /// blocking pool.
+    #[error("the read needs the disk")]
+    NotCached,
     /// The partition stopped accepting writes after a fatal error.
     #[error("partition is failed and accepts no writes: {0}")]
     Failed(String),
@@ -169,7 +173,7 @@ impl From<StoreError> for ApiError {
             StoreError::CorruptRead { .. } => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", e.to_string())
             }
-            StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) => {
+            StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) | StoreError::NotCached => {
                 ApiError::unavailable(e.to_string())
             }
             StoreError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", e.to_string()),

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::error::StoreError;
-use crate::segment::{sync_dir, IndexEntry, ScanReport, Segment, SegmentView};
+use crate::segment::{sync_dir, IndexEntry, ReadMode, ScanReport, Segment, SegmentView};
 
 /// The writer's half of a partition log. Not `Clone`: there is one writer per partition.
 #[derive(Debug)]
@@ -432,6 +432,17 @@ impl PartitionReader {
     /// `max_bytes`, never past the durable end. Offsets below the log start are an error the
     /// caller turns into "out of range".
     pub fn read(&self, offset: u64, max_bytes: usize) -> Result<ReadResult, StoreError> {
+        self.read_with(offset, max_bytes, ReadMode::MayBlock)
+    }
+
+    /// Like [`PartitionReader::read`], from the page cache only: fewer batches if the rest
+    /// would wait for the disk, [`StoreError::NotCached`] if the first would. For runtime
+    /// threads, which must not wait for the disk.
+    pub fn read_cached(&self, offset: u64, max_bytes: usize) -> Result<ReadResult, StoreError> {
+        self.read_with(offset, max_bytes, ReadMode::CachedOnly)
+    }
+
+    fn read_with(&self, offset: u64, max_bytes: usize, mode: ReadMode) -> Result<ReadResult, StoreError> {
         let (views, hwm) = {
             let state = self.state.read().unwrap_or_else(|e| e.into_inner());
             let hwm = state.high_watermark;
@@ -450,18 +461,10 @@ impl PartitionReader {
                 // A gap: this log holds no replica of the segments in between.
                 break;
             }
-            let mut start = view.entry_for(offset);
-            loop {
-                let batches = view.read_batches(start, max_bytes)?;
-                let Some(last) = batches.last() else { break };
-                let bytes: u64 = batches.iter().map(|b| b.len_bytes() as u64).sum();
-                start = IndexEntry { offset: last.next_offset(), position: start.position + bytes };
-                let kept: Vec<RecordBatch> =
-                    batches.into_iter().filter(|b| b.last_offset() >= offset).collect();
-                if let Some(last) = kept.last() {
-                    let next_offset = last.next_offset();
-                    return Ok(ReadResult { batches: kept, next_offset, high_watermark: hwm });
-                }
+            // Batches before the one holding `offset` are stepped over, not returned.
+            let batches = view.read_batches_from(view.entry_for(offset), offset, max_bytes, mode)?;
+            if let Some(next_offset) = batches.last().map(RecordBatch::next_offset) {
+                return Ok(ReadResult { batches, next_offset, high_watermark: hwm });
             }
         }
         Ok(ReadResult { batches: Vec::new(), next_offset: offset, high_watermark: hwm })

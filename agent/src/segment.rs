@@ -18,8 +18,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use bytes::BytesMut;
-use silt_record::{peek_batch_len, RecordBatch, LOG_OVERHEAD};
+use bytes::{Bytes, BytesMut};
+use silt_record::{
+    peek_base_offset, peek_batch_len, peek_last_offset, RecordBatch, BATCH_HEADER_BYTES, LOG_OVERHEAD,
+};
 use tracing::{error, warn};
 
 use crate::error::StoreError;
@@ -534,14 +536,37 @@ impl SegmentView {
     /// are checked; a bad batch is never served. If it comes after good ones, those are
     /// returned and the read that starts at the bad batch gets the error.
     pub fn read_batches(&self, start: IndexEntry, max_bytes: usize) -> Result<Vec<RecordBatch>, StoreError> {
+        self.read_batches_from(start, start.offset, max_bytes, ReadMode::MayBlock)
+    }
+
+    /// Like [`SegmentView::read_batches`], for the batches that hold offsets from `from` on:
+    /// batches between `start` and the one holding `from` are stepped over by their headers
+    /// (neither returned nor checked beyond their offsets). The file is read in chunks of at
+    /// least [`READ_CHUNK_BYTES`], and the batches returned are slices of them. With
+    /// [`ReadMode::CachedOnly`], a read that would wait for the disk ends the batches there, or
+    /// fails with [`StoreError::NotCached`] if there are none yet.
+    pub fn read_batches_from(
+        &self,
+        start: IndexEntry,
+        from: u64,
+        max_bytes: usize,
+        mode: ReadMode,
+    ) -> Result<Vec<RecordBatch>, StoreError> {
         let mut out = Vec::new();
         let mut total = 0usize;
+        let mut chunk = Chunk::default();
         let IndexEntry { offset: mut expected, mut position } = start;
         while position < self.size_bytes && (out.is_empty() || total < max_bytes) {
             let room = if out.is_empty() { usize::MAX } else { max_bytes - total };
-            let batch = match self.batch_at(position, expected, room) {
-                Ok(Some(batch)) => batch,
-                Ok(None) => break,
+            let want = max_bytes.saturating_sub(total).clamp(READ_CHUNK_BYTES, READ_CHUNK_BYTES_MAX);
+            let batch = match self.batch_at(&mut chunk, position, expected, from, room, want, mode) {
+                Ok(Found::Batch(batch)) => batch,
+                Ok(Found::Before { len, next }) => {
+                    position += len as u64;
+                    expected = next;
+                    continue;
+                }
+                Ok(Found::TooLarge) => break,
                 Err(_) if !out.is_empty() => break,
                 Err(e) => return Err(e),
             };
@@ -553,34 +578,162 @@ impl SegmentView {
         Ok(out)
     }
 
-    /// The batch at `position`, which must start at offset `expected`; `None` if it is larger
-    /// than `room` bytes.
-    fn batch_at(&self, position: u64, expected: u64, room: usize) -> Result<Option<RecordBatch>, StoreError> {
+    /// The batch at `position`, which must start at offset `expected`: stepped over if it ends
+    /// before `from`, too large if it is more than `room` bytes.
+    #[allow(clippy::too_many_arguments, reason = "one read's cursor and bounds, private")]
+    fn batch_at(
+        &self,
+        chunk: &mut Chunk,
+        position: u64,
+        expected: u64,
+        from: u64,
+        room: usize,
+        want: usize,
+        mode: ReadMode,
+    ) -> Result<Found, StoreError> {
         let corrupt =
             |reason: String| StoreError::CorruptRead { base_offset: self.base_offset, position, reason };
         if position + LOG_OVERHEAD as u64 > self.size_bytes {
             return Err(corrupt("incomplete batch header".into()));
         }
-        let mut head = [0u8; LOG_OVERHEAD];
-        self.file.read_exact_at(&mut head, position).map_err(StoreError::io_read)?;
-        let len = peek_batch_len(&head).ok_or_else(|| corrupt("invalid batch length".into()))?;
+        self.fill(chunk, position, LOG_OVERHEAD, want, mode)?;
+        let len = peek_batch_len(chunk.at(position)).ok_or_else(|| corrupt("invalid batch length".into()))?;
         if len > BATCH_BYTES_MAX || position + len as u64 > self.size_bytes {
             return Err(corrupt(format!("batch of {len} bytes runs past the end of the segment")));
         }
-        if len > room {
-            return Ok(None);
-        }
-        let mut buf = BytesMut::zeroed(len);
-        self.file.read_exact_at(&mut buf, position).map_err(StoreError::io_read)?;
-        let batch = RecordBatch::parse(buf.freeze()).map_err(|e| corrupt(e.to_string()))?;
-        if batch.base_offset() != expected {
+        // A batch length is at least a whole header: its offsets are there.
+        self.fill(chunk, position, BATCH_HEADER_BYTES, want, mode)?;
+        let head = chunk.at(position);
+        let base = peek_base_offset(head);
+        if base != Some(expected) {
             return Err(corrupt(format!(
-                "batch starts at offset {} but offset {expected} was expected",
-                batch.base_offset()
+                "batch starts at offset {base:?} but offset {expected} was expected"
             )));
         }
-        Ok(Some(batch))
+        let last = peek_last_offset(head).ok_or_else(|| corrupt("invalid last offset delta".into()))?;
+        if last < from {
+            return Ok(Found::Before { len, next: last + 1 });
+        }
+        if len > room {
+            return Ok(Found::TooLarge);
+        }
+        self.fill(chunk, position, len, want, mode)?;
+        let at = (position - chunk.at) as usize;
+        let batch =
+            RecordBatch::parse(chunk.bytes.slice(at..at + len)).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Found::Batch(batch))
     }
+
+    /// Makes `chunk` hold the file's bytes `position..position + need` (within the readable
+    /// size), reading `want` bytes or more at once and keeping what it held of them.
+    fn fill(
+        &self,
+        chunk: &mut Chunk,
+        position: u64,
+        need: usize,
+        want: usize,
+        mode: ReadMode,
+    ) -> Result<(), StoreError> {
+        let held_end = chunk.at + chunk.bytes.len() as u64;
+        if position >= chunk.at && position + need as u64 <= held_end {
+            return Ok(());
+        }
+        let len = need.max(want).min((self.size_bytes - position) as usize);
+        let mut buf = BytesMut::zeroed(len);
+        let kept = if (chunk.at..held_end).contains(&position) {
+            let tail = &chunk.bytes[(position - chunk.at) as usize..];
+            buf[..tail.len()].copy_from_slice(tail);
+            tail.len()
+        } else {
+            0
+        };
+        let read = read_at_least(
+            &self.file,
+            &mut buf[kept..],
+            position + kept as u64,
+            need.saturating_sub(kept),
+            mode,
+        )?;
+        buf.truncate(kept + read);
+        *chunk = Chunk { at: position, bytes: buf.freeze() };
+        Ok(())
+    }
+}
+
+/// Whether a read may wait for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Reads wait for the disk as needed (on the blocking pool).
+    MayBlock,
+    /// Reads only what the page cache holds (`preadv2` with `RWF_NOWAIT`): a runtime thread can
+    /// serve the hot tail itself instead of handing the read to the blocking pool, and a read
+    /// that would wait for the disk fails with [`StoreError::NotCached`] instead.
+    CachedOnly,
+}
+
+/// Bytes a segment read fetches from the file at once, at least: the skip from an index entry
+/// to the offset asked for (at most [`INDEX_INTERVAL_BYTES`]) and small batches after it take
+/// one read.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// And at most, unless one batch is larger.
+const READ_CHUNK_BYTES_MAX: usize = 1024 * 1024;
+
+/// Bytes of a segment file in memory, from file position `at`.
+#[derive(Default)]
+struct Chunk {
+    at: u64,
+    bytes: Bytes,
+}
+
+impl Chunk {
+    /// The bytes from file position `position` on; the caller filled them.
+    fn at(&self, position: u64) -> &[u8] {
+        &self.bytes[(position - self.at) as usize..]
+    }
+}
+
+/// What a read found at a batch boundary.
+enum Found {
+    Batch(RecordBatch),
+    /// A batch of `len` bytes before the offset asked for; the next one starts at `next`.
+    Before {
+        len: usize,
+        next: u64,
+    },
+    /// A batch larger than the room left.
+    TooLarge,
+}
+
+/// Reads into `buf` from `file` at `position`: all of it, or with [`ReadMode::CachedOnly`] what
+/// the page cache holds of it, which must be `min` bytes at least. Returns the bytes read.
+fn read_at_least(
+    file: &File,
+    buf: &mut [u8],
+    position: u64,
+    min: usize,
+    mode: ReadMode,
+) -> Result<usize, StoreError> {
+    if mode == ReadMode::MayBlock {
+        file.read_exact_at(buf, position).map_err(StoreError::io_read)?;
+        return Ok(buf.len());
+    }
+    let mut read = 0;
+    while read < buf.len() {
+        let flags = rustix::io::ReadWriteFlags::NOWAIT;
+        let at = position + read as u64;
+        match rustix::io::preadv2(file, &mut [io::IoSliceMut::new(&mut buf[read..])], at, flags) {
+            Ok(0) => return Err(StoreError::io_read(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => read += n,
+            Err(rustix::io::Errno::INTR) => {}
+            // The rest is not in the page cache (or the kernel or filesystem has no RWF_NOWAIT).
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => break,
+            Err(e) => return Err(StoreError::io_read(e.into())),
+        }
+    }
+    if read < min {
+        return Err(StoreError::NotCached);
+    }
+    Ok(read)
 }
 
 fn write_with_crc(path: &Path, mut data: Vec<u8>) -> Result<(), StoreError> {
@@ -677,6 +830,46 @@ mod tests {
         }
         segment.seal().unwrap();
         (segment.path().to_path_buf(), written)
+    }
+
+    /// Drops the pages of `file` from `from` on out of the page cache (they are clean: synced).
+    fn evict(file: &File, from: u64) {
+        rustix::fs::fadvise(file, from, None, rustix::fs::Advice::DontNeed).unwrap();
+    }
+
+    #[test]
+    fn reads_step_over_earlier_batches_and_read_only_the_page_cache_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, written) = sealed_segment(dir.path());
+        let (segment, _) = Segment::open(&path, 100, true).unwrap();
+        let view = segment.view(segment.size_bytes(), segment.next_offset());
+        let from_on = |from: u64| -> Vec<RecordBatch> {
+            written.iter().filter(|b| b.last_offset() >= from).cloned().collect()
+        };
+        for from in [100, 101, 150, 152, 153, 219] {
+            let start = view.entry_for(from);
+            assert!(start.offset < from || from == 100, "the read starts before the batch holding {from}");
+            for mode in [ReadMode::MayBlock, ReadMode::CachedOnly] {
+                let got = view.read_batches_from(start, from, usize::MAX, mode).unwrap();
+                assert_eq!(got, from_on(from), "from {from}, {mode:?}");
+                // One batch at least, then whole batches up to the bytes asked for.
+                let got = view.read_batches_from(start, from, 1, mode).unwrap();
+                assert_eq!(got, from_on(from)[..1], "from {from}, {mode:?}");
+                let two = from_on(from).iter().take(2).map(RecordBatch::len_bytes).sum::<usize>();
+                let got = view.read_batches_from(start, from, two, mode).unwrap();
+                assert_eq!(got, from_on(from)[..2.min(from_on(from).len())], "from {from}, {mode:?}");
+            }
+        }
+
+        // Out of the page cache: a read of the page cache only says the disk is needed (the
+        // kernel starts reading the pages in, so only its first answer is certain); a read that
+        // may wait reads everything, and then the page cache serves it again.
+        evict(&view.file, 0);
+        let err = view.read_batches_from(view.entry_for(150), 150, usize::MAX, ReadMode::CachedOnly);
+        assert!(matches!(err, Err(StoreError::NotCached)), "{err:?}");
+        let start = IndexEntry { offset: 100, position: 0 };
+        assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::MayBlock).unwrap(), written);
+        assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::CachedOnly).unwrap(), written);
     }
 
     #[test]

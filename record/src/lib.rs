@@ -33,7 +33,7 @@ pub use message_id::{MessageId, MessageIdError};
 pub use partitioner::{murmur2, partition_for_key};
 pub use record::{Header, NewRecord, Record};
 pub use record_batch::{
-    peek_base_offset, peek_batch_len, set_base_offset, set_partition_leader_epoch, split_batches,
-    RecordBatch, Records, BATCH_HEADER_BYTES, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES,
+    peek_base_offset, peek_batch_len, peek_last_offset, set_base_offset, set_partition_leader_epoch,
+    split_batches, RecordBatch, Records, BATCH_HEADER_BYTES, LOG_OVERHEAD, MAGIC, MAX_BATCH_BYTES,
 };
 pub use topic_name::{validate_topic_name, TopicNameError, MAX_TOPIC_NAME_LEN};

@@ -165,6 +165,14 @@ pub fn peek_base_offset(buf: &[u8]) -> Option<u64> {
     u64::try_from(i64::from_be_bytes(field(buf, BASE_OFFSET_AT)?)).ok()
 }
 
+/// The last offset (`baseOffset` + `lastOffsetDelta`) of the batch starting at `buf[0]`, or
+/// `None` if fewer than 27 bytes are present or the fields are negative or overflow. Nothing
+/// else is checked: a reader skipping batches it does not return uses it without the CRC.
+pub fn peek_last_offset(buf: &[u8]) -> Option<u64> {
+    let delta = u64::try_from(i32::from_be_bytes(field(buf, LAST_OFFSET_DELTA_AT)?)).ok()?;
+    peek_base_offset(buf)?.checked_add(delta)
+}
+
 /// The `N` bytes at `at`, if `buf` holds them.
 fn field<const N: usize>(buf: &[u8], at: usize) -> Option<[u8; N]> {
     buf.get(at..at.checked_add(N)?)?.try_into().ok()

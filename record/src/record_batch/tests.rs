@@ -351,6 +351,8 @@ fn rewriting_offset_and_epoch_keeps_the_batch_valid() {
     set_base_offset(&mut bytes, 1_000);
     set_partition_leader_epoch(&mut bytes, 7);
     assert_eq!(peek_base_offset(&bytes), Some(1_000));
+    assert_eq!(peek_last_offset(&bytes), Some(1_001));
+    assert_eq!(peek_last_offset(&bytes[..26]), None, "the delta is not all there");
     let batch = parse_ok(bytes.freeze());
     assert_eq!(batch.crc(), crc, "both fields lie outside the CRC");
     assert_eq!(batch.base_offset(), 1_000);
