@@ -310,6 +310,11 @@ struct Inner {
     replicas: Mutex<HashMap<(String, u32), SharedReplica>>,
     /// Whether an ensemble repair runs (one at a time).
     repairing: Arc<std::sync::atomic::AtomicBool>,
+    /// Repairs that failed lately, by topic, partition, segment and the agent that was to
+    /// hold the copy, with when: that agent is not asked again for that segment within
+    /// [`REPAIR_RETRY_AFTER`], so a copy it keeps refusing neither repeats every round nor
+    /// holds up the repair of other segments.
+    repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<(String, u32), StartFailure>>,
     /// When this agent last proposed `RebalanceWriters`.
@@ -486,6 +491,9 @@ async fn read_hot(
     .map_err(ApiError::from)
 }
 
+/// How long an agent that failed to take a copy of a segment is not asked for it again.
+const REPAIR_RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// Batch bytes a read of the hot tail reads on a runtime thread, from the page cache, before it
 /// hands the rest to the blocking pool: about 30 µs of copying and checksums.
 const INLINE_READ_BYTES: usize = 256 * 1024;
@@ -591,6 +599,7 @@ impl Agent {
                 start_failures: Mutex::new(HashMap::new()),
                 rebalance_proposed: Mutex::new(None),
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                repair_failures: Mutex::new(HashMap::new()),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 cursors: Mutex::new(HashMap::new()),
@@ -2197,7 +2206,9 @@ impl Agent {
                 }
                 Err(e) => {
                     warn!(topic = %r.topic, partition = r.partition, segment = r.segment, with = %r.with,
-                    error = %e.message, "ensemble repair failed; will retry")
+                    error = %e.message, "ensemble repair failed; will retry, with another agent if there is one");
+                    lock(&agent.inner.repair_failures)
+                        .insert((r.topic.clone(), r.partition, r.segment, r.with.clone()), Instant::now());
                 }
             }
             agent.inner.repairing.store(false, O::Relaxed);
@@ -2207,6 +2218,12 @@ impl Agent {
     fn repair_candidate(&self) -> Option<Repair> {
         let me = self.inner.config.agent_id.as_str();
         let after = self.inner.config.replica_repair_after.as_millis() as u64;
+        let failures = {
+            let mut failures = lock(&self.inner.repair_failures);
+            failures.retain(|_, at| at.elapsed() < REPAIR_RETRY_AFTER);
+            failures.clone()
+        };
+        let failed_lately = |key: &(String, u32, u64, String)| failures.contains_key(key);
         self.inner.metadata.read_local(|s| {
             let now = s.clock_ms;
             let recorded = |seg: &silt_metadata::state::Segment, i: usize| {
@@ -2253,11 +2270,18 @@ impl Agent {
                             continue;
                         }
                         // A live agent outside the ensemble; not the partition's writer, whose
-                        // log belongs to its writer task.
+                        // log belongs to its writer task, nor one that failed this copy lately.
                         let with = s
                             .live_agents()
                             .filter(|a| {
-                                !seg.ensemble.contains(&a.id) && part.writer.as_deref() != Some(a.id.as_str())
+                                !seg.ensemble.contains(&a.id)
+                                    && part.writer.as_deref() != Some(a.id.as_str())
+                                    && !failed_lately(&(
+                                        t.name.clone(),
+                                        p as u32,
+                                        seg.base_offset,
+                                        a.id.clone(),
+                                    ))
                             })
                             .min_by_key(|a| (load.get(a.id.as_str()).copied().unwrap_or(0), a.id.clone()));
                         let Some(with) = with else { continue };

@@ -205,10 +205,28 @@ impl PartitionLog {
         let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
             return Err(StoreError::Diverged("an empty segment cannot be copied".into()));
         };
+        if let Some(w) = batches.windows(2).find(|w| w[1].base_offset() != w[0].next_offset()) {
+            return Err(StoreError::Diverged(format!(
+                "a copied batch at offset {} does not follow offset {}",
+                w[1].base_offset(),
+                w[0].last_offset()
+            )));
+        }
         let (base, end) = (first.base_offset(), last.next_offset());
+        let placed = self.place_sealed(batches, base, end);
+        // Whatever happened, readers see the segments as they are now.
+        self.publish();
+        placed
+    }
+
+    /// [`PartitionLog::insert_sealed`] of contiguous `batches`, offsets `base..end`.
+    fn place_sealed(&mut self, batches: &[RecordBatch], base: u64, end: u64) -> Result<(), StoreError> {
         // An empty active segment in the way holds nothing: drop it (a follower starts it again).
         if self.active().record_count() == 0 && self.active().base_offset() < end {
             let old = self.segments.pop().expect("a log has an active segment");
+            if self.segments.is_empty() {
+                self.segments.push(Segment::create(&self.dir, end)?);
+            }
             old.delete_files()?;
         }
         if let Some(i) = self.segments.iter().position(|s| s.base_offset() == base && s.next_offset() <= end)
@@ -231,9 +249,6 @@ impl PartitionLog {
         let overlaps_before = at > 0 && self.segments[at - 1].next_offset() > base;
         let overlaps_after = self.segments.get(at).is_some_and(|next| next.base_offset() < end);
         if overlaps_before || overlaps_after {
-            if self.segments.is_empty() {
-                self.segments.push(Segment::create(&self.dir, end)?);
-            }
             return Err(StoreError::Diverged(format!(
                 "a copy of offsets {base}..{end} overlaps segments this replica holds"
             )));
@@ -244,19 +259,10 @@ impl PartitionLog {
                 last.seal()?;
             }
         }
+        // A copy cut short by a failure stays on disk unrecorded: a beginning of the segment,
+        // which the next copy replaces (and which reads never reach, as it is not in the list).
         let mut segment = Segment::create(&self.dir, base)?;
         for b in batches {
-            if b.base_offset() != segment.next_offset() {
-                segment.delete_files()?;
-                if self.segments.is_empty() {
-                    self.segments.push(Segment::create(&self.dir, end)?);
-                }
-                return Err(StoreError::Diverged(format!(
-                    "a copied batch at offset {} does not follow offset {}",
-                    b.base_offset(),
-                    segment.next_offset() - 1
-                )));
-            }
             segment.append(b)?;
         }
         segment.seal()?;
@@ -265,7 +271,6 @@ impl PartitionLog {
         if after_all {
             self.segments.push(Segment::create(&self.dir, end)?);
         }
-        self.publish();
         Ok(())
     }
 
@@ -377,7 +382,6 @@ impl PartitionLog {
 /// How much `offset_for_time` reads per step while it scans for a timestamp.
 const OFFSET_FOR_TIME_READ_BYTES: usize = 1024 * 1024;
 
-/// Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay far below that.
 /// Whether `held` holds exactly the first batches of `batches`, byte for byte.
 fn is_prefix(held: &Segment, batches: &[RecordBatch]) -> Result<bool, StoreError> {
     let view = held.view(held.size_bytes(), held.next_offset());
@@ -388,6 +392,7 @@ fn is_prefix(held: &Segment, batches: &[RecordBatch]) -> Result<bool, StoreError
     Ok(ours.iter().zip(batches).all(|(a, b)| a.as_bytes() == b.as_bytes()))
 }
 
+/// Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay far below that.
 fn epoch_i32(epoch: u64) -> i32 {
     i32::try_from(epoch).unwrap_or(i32::MAX)
 }

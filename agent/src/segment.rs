@@ -544,7 +544,8 @@ impl SegmentView {
     /// (neither returned nor checked beyond their offsets). The file is read in chunks of at
     /// least [`READ_CHUNK_BYTES`], and the batches returned are slices of them. With
     /// [`ReadMode::CachedOnly`], a read that would wait for the disk ends the batches there, or
-    /// fails with [`StoreError::NotCached`] if there are none yet.
+    /// fails with [`StoreError::NotCached`] if there are none yet (also when the first batch
+    /// is larger than `max_bytes`).
     pub fn read_batches_from(
         &self,
         start: IndexEntry,
@@ -557,7 +558,13 @@ impl SegmentView {
         let mut chunk = Chunk::default();
         let IndexEntry { offset: mut expected, mut position } = start;
         while position < self.size_bytes && (out.is_empty() || total < max_bytes) {
-            let room = if out.is_empty() { usize::MAX } else { max_bytes - total };
+            // The first batch comes whatever its size, except to a read of the page cache
+            // only: on a runtime thread, a batch larger than asked for is left to a read that
+            // may block (the blocking pool).
+            let room = match (out.is_empty(), mode) {
+                (true, ReadMode::MayBlock) => usize::MAX,
+                _ => max_bytes - total,
+            };
             let want = max_bytes.saturating_sub(total).clamp(READ_CHUNK_BYTES, READ_CHUNK_BYTES_MAX);
             let batch = match self.batch_at(&mut chunk, position, expected, from, room, want, mode) {
                 Ok(Found::Batch(batch)) => batch,
@@ -566,6 +573,7 @@ impl SegmentView {
                     expected = next;
                     continue;
                 }
+                Ok(Found::TooLarge) if out.is_empty() => return Err(StoreError::NotCached),
                 Ok(Found::TooLarge) => break,
                 Err(_) if !out.is_empty() => break,
                 Err(e) => return Err(e),
@@ -574,6 +582,14 @@ impl SegmentView {
             position += batch.len_bytes() as u64;
             expected = batch.next_offset();
             out.push(batch);
+        }
+        if out.is_empty() && from < self.end_offset {
+            // Stepped over every batch to the end: a header's offsets are damaged.
+            return Err(StoreError::CorruptRead {
+                base_offset: self.base_offset,
+                position,
+                reason: format!("no batch holds offset {from}, below the segment's end {}", self.end_offset),
+            });
         }
         Ok(out)
     }
@@ -852,8 +868,15 @@ mod tests {
             for mode in [ReadMode::MayBlock, ReadMode::CachedOnly] {
                 let got = view.read_batches_from(start, from, usize::MAX, mode).unwrap();
                 assert_eq!(got, from_on(from), "from {from}, {mode:?}");
-                // One batch at least, then whole batches up to the bytes asked for.
-                let got = view.read_batches_from(start, from, 1, mode).unwrap();
+                // One batch at least (asked for fewer bytes, a read of the page cache only
+                // leaves it to one that may block), then whole batches up to the bytes asked for.
+                let got = view.read_batches_from(start, from, 1, mode);
+                match mode {
+                    ReadMode::MayBlock => assert_eq!(got.unwrap(), from_on(from)[..1], "from {from}"),
+                    ReadMode::CachedOnly => assert!(matches!(got, Err(StoreError::NotCached)), "{got:?}"),
+                }
+                let one = from_on(from)[0].len_bytes();
+                let got = view.read_batches_from(start, from, one, mode).unwrap();
                 assert_eq!(got, from_on(from)[..1], "from {from}, {mode:?}");
                 let two = from_on(from).iter().take(2).map(RecordBatch::len_bytes).sum::<usize>();
                 let got = view.read_batches_from(start, from, two, mode).unwrap();
@@ -870,6 +893,76 @@ mod tests {
         let start = IndexEntry { offset: 100, position: 0 };
         assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::MayBlock).unwrap(), written);
         assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::CachedOnly).unwrap(), written);
+    }
+
+    #[test]
+    fn reads_across_many_chunks_return_every_batch_once_in_order() {
+        // About 600 KiB of 5 KiB batches with one of 1.5 MiB in the middle: reads refill
+        // their chunk many times, keep the tail of one chunk in the next, and meet batches
+        // that run past a chunk's end or are larger than the largest chunk.
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 0).unwrap();
+        let mut written = Vec::new();
+        for i in 0..120u64 {
+            let value_bytes = if i == 60 { 1536 * 1024 } else { 5000 + (i as usize * 37) % 900 };
+            let b = batch(segment.next_offset(), 1 + i % 3, value_bytes / (1 + i as usize % 3));
+            segment.append(&b).unwrap();
+            written.push(b);
+        }
+        segment.sync().unwrap();
+        let view = segment.view(segment.size_bytes(), segment.next_offset());
+        let end = segment.next_offset();
+        for max_bytes in [1, 7000, 64 * 1024, 300 * 1024, usize::MAX] {
+            for mode in [ReadMode::MayBlock, ReadMode::CachedOnly] {
+                let mut next = 0;
+                let mut got = Vec::new();
+                while next < end {
+                    let batches = match view.read_batches_from(view.entry_for(next), next, max_bytes, mode) {
+                        Ok(batches) => batches,
+                        // Larger than asked for: left to a read that may block.
+                        Err(StoreError::NotCached) if mode == ReadMode::CachedOnly => view
+                            .read_batches_from(view.entry_for(next), next, max_bytes, ReadMode::MayBlock)
+                            .unwrap(),
+                        Err(e) => panic!("{max_bytes} {mode:?} at {next}: {e}"),
+                    };
+                    let first = batches.first().expect("a batch");
+                    assert!(first.base_offset() <= next && next <= first.last_offset(), "at {next}");
+                    let bytes: usize = batches.iter().map(RecordBatch::len_bytes).sum();
+                    assert!(batches.len() == 1 || bytes <= max_bytes, "{bytes} > {max_bytes}");
+                    next = batches.last().unwrap().next_offset();
+                    got.extend(batches);
+                }
+                assert_eq!(got, written, "max_bytes {max_bytes}, {mode:?}");
+            }
+        }
+        // From the middle of every batch, too.
+        for b in &written {
+            let from = b.last_offset();
+            let got = view.read_batches_from(view.entry_for(from), from, 20_000, ReadMode::MayBlock).unwrap();
+            assert_eq!(got.first(), Some(b));
+        }
+    }
+
+    #[test]
+    fn a_damaged_last_offset_is_an_error_not_an_empty_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 100).unwrap();
+        let mut written = Vec::new();
+        for _ in 0..10 {
+            let b = batch(segment.next_offset(), 3, 200);
+            segment.append(&b).unwrap();
+            written.push(b);
+        }
+        segment.sync().unwrap();
+        // On disk, the last batch's lastOffsetDelta (bytes 23..27 of its header) turns from 2
+        // to 0 (bit rot, after the segment was written and indexed).
+        let last_at: usize = written[..written.len() - 1].iter().map(RecordBatch::len_bytes).sum();
+        let file = OpenOptions::new().write(true).open(segment.path()).unwrap();
+        file.write_all_at(&0i32.to_be_bytes(), last_at as u64 + 23).unwrap();
+        let view = segment.view(segment.size_bytes(), segment.next_offset());
+        let from = written.last().unwrap().last_offset();
+        let read = view.read_batches_from(view.entry_for(from), from, usize::MAX, ReadMode::MayBlock);
+        assert!(matches!(read, Err(StoreError::CorruptRead { .. })), "{read:?}");
     }
 
     #[test]
