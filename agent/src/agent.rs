@@ -2983,15 +2983,25 @@ impl Agent {
                 format!("an ack request needs between 1 and {ACK_IDS_MAX} ids"),
             ));
         }
-        let mut local = Vec::with_capacity(ids.len());
-        let mut remote: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        // Ids by partition: where each partition is written is looked up once per request.
+        let mut by_partition: BTreeMap<(String, u32), Vec<(u64, &String)>> = BTreeMap::new();
         for id in ids {
             let parsed: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
                 ApiError::bad_request("invalid_id", e.to_string())
             })?;
-            match self.target(&parsed.topic, parsed.partition, forwarded).await? {
-                Target::Local(_) => local.push(parsed),
-                Target::Remote { agent, addr } => remote.entry((agent, addr)).or_default().push(id.clone()),
+            by_partition.entry((parsed.topic, parsed.partition)).or_default().push((parsed.offset, id));
+        }
+        let mut local: Vec<((String, u32), Vec<u64>)> = Vec::new();
+        let mut remote: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        for ((topic, partition), offsets) in by_partition {
+            match self.target(&topic, partition, forwarded).await? {
+                Target::Local(_) => {
+                    local.push(((topic, partition), offsets.iter().map(|(o, _)| *o).collect()))
+                }
+                Target::Remote { agent, addr } => remote
+                    .entry((agent, addr))
+                    .or_default()
+                    .extend(offsets.into_iter().map(|(_, id)| id.clone())),
             }
         }
         self.ack_local(group, &local, true)?;
@@ -3009,26 +3019,34 @@ impl Agent {
         Ok(acked)
     }
 
-    /// Checks (`dry_run`) or acknowledges ids of partitions this agent writes.
-    fn ack_local(&self, group: &str, parsed: &[MessageId], dry_run: bool) -> Result<usize, ApiError> {
+    /// Checks (`dry_run`) or acknowledges offsets of partitions this agent writes.
+    fn ack_local(
+        &self,
+        group: &str,
+        local: &[((String, u32), Vec<u64>)],
+        dry_run: bool,
+    ) -> Result<usize, ApiError> {
         let mut cursors = lock(&self.inner.cursors);
-        for id in parsed {
-            let key = (group.to_string(), id.topic.clone(), id.partition);
-            let outcome = cursors.get(&key).map(|c| c.check_ack(id.offset));
-            if outcome.is_none_or(|o| o == AckOutcome::NotDelivered) {
-                // Not in memory: acked before a restart counts as acknowledged.
-                let acked_before = self.inner.metadata.read_local(|s| {
-                    s.groups
-                        .get(group)
-                        .and_then(|g| g.topics.get(&id.topic))
-                        .and_then(|gt| gt.acks.get(&id.partition))
-                        .is_some_and(|cp| cp.is_acked(id.offset))
-                });
-                if !acked_before {
-                    return Err(ApiError::bad_request(
-                        "not_delivered",
-                        format!("message {id} was never delivered to group '{group}'; only delivered messages can be acknowledged"),
-                    ));
+        for ((topic, partition), offsets) in local {
+            let cursor = cursors.get(&(group.to_string(), topic.clone(), *partition));
+            for offset in offsets {
+                let outcome = cursor.map(|c| c.check_ack(*offset));
+                if outcome.is_none_or(|o| o == AckOutcome::NotDelivered) {
+                    // Not in memory: acked before a restart counts as acknowledged.
+                    let acked_before = self.inner.metadata.read_local(|s| {
+                        s.groups
+                            .get(group)
+                            .and_then(|g| g.topics.get(topic))
+                            .and_then(|gt| gt.acks.get(partition))
+                            .is_some_and(|cp| cp.is_acked(*offset))
+                    });
+                    if !acked_before {
+                        let id = MessageId { topic: topic.clone(), partition: *partition, offset: *offset };
+                        return Err(ApiError::bad_request(
+                            "not_delivered",
+                            format!("message {id} was never delivered to group '{group}'; only delivered messages can be acknowledged"),
+                        ));
+                    }
                 }
             }
         }
@@ -3036,12 +3054,9 @@ impl Agent {
             return Ok(0);
         }
         let mut acked = 0;
-        for id in parsed {
-            let key = (group.to_string(), id.topic.clone(), id.partition);
-            if let Some(c) = cursors.get_mut(&key) {
-                if c.ack(id.offset) == AckOutcome::Acked {
-                    acked += 1;
-                }
+        for ((topic, partition), offsets) in local {
+            if let Some(c) = cursors.get_mut(&(group.to_string(), topic.clone(), *partition)) {
+                acked += offsets.iter().filter(|o| c.ack(**o) == AckOutcome::Acked).count();
             }
         }
         Ok(acked)
