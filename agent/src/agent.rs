@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
-use crate::metrics::{ForwardLabels, LagLabels, Metrics, ReplicaLabels};
+use crate::metrics::{ForwardLabels, LagLabels, Metrics, RepairLabels, ReplicaLabels};
 use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
 use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord, REPLICA_READ_BYTES_MAX};
@@ -311,9 +311,10 @@ struct Inner {
     /// Whether an ensemble repair runs (one at a time).
     repairing: Arc<std::sync::atomic::AtomicBool>,
     /// Repairs that failed lately, by topic, partition, segment and the agent that was to
-    /// hold the copy, with when: that agent is not asked again for that segment within
-    /// [`REPAIR_RETRY_AFTER`], so a copy it keeps refusing neither repeats every round nor
-    /// holds up the repair of other segments.
+    /// hold the copy, with when that agent may be asked again for that segment
+    /// ([`REPAIR_RETRY_AFTER`], or [`REPAIR_RETRY_AFTER_DIVERGED`] if it holds other records
+    /// there): a copy it keeps refusing neither repeats every round nor holds up the repair
+    /// of other segments.
     repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<(String, u32), StartFailure>>,
@@ -493,6 +494,9 @@ async fn read_hot(
 
 /// How long an agent that failed to take a copy of a segment is not asked for it again.
 const REPAIR_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// And when it answered that it holds other records where the copy goes (`replica_diverged`),
+/// which only changes once those are archived or the agent's disk is replaced.
+const REPAIR_RETRY_AFTER_DIVERGED: Duration = Duration::from_secs(600);
 
 /// Batch bytes a read of the hot tail reads on a runtime thread, from the page cache, before it
 /// hands the rest to the blocking pool: about 30 µs of copying and checksums.
@@ -2198,6 +2202,12 @@ impl Agent {
                 Ok(()) => agent.inner.metadata.write(record).await.map(|_| ()).map_err(ApiError::from),
                 Err(e) => Err(e),
             };
+            let outcome = match (&result, &r.gone) {
+                (Err(_), _) => "failed",
+                (Ok(()), Some(_)) => "replaced",
+                (Ok(()), None) => "added",
+            };
+            agent.inner.metrics.ensemble_repairs.get_or_create(&RepairLabels { outcome }).inc();
             match result {
                 Ok(()) => {
                     let gone = r.gone.as_deref().unwrap_or("none (the segment was sealed short of members)");
@@ -2207,8 +2217,15 @@ impl Agent {
                 Err(e) => {
                     warn!(topic = %r.topic, partition = r.partition, segment = r.segment, with = %r.with,
                     error = %e.message, "ensemble repair failed; will retry, with another agent if there is one");
-                    lock(&agent.inner.repair_failures)
-                        .insert((r.topic.clone(), r.partition, r.segment, r.with.clone()), Instant::now());
+                    let wait = if e.code == "replica_diverged" {
+                        REPAIR_RETRY_AFTER_DIVERGED
+                    } else {
+                        REPAIR_RETRY_AFTER
+                    };
+                    lock(&agent.inner.repair_failures).insert(
+                        (r.topic.clone(), r.partition, r.segment, r.with.clone()),
+                        Instant::now() + wait,
+                    );
                 }
             }
             agent.inner.repairing.store(false, O::Relaxed);
@@ -2220,7 +2237,8 @@ impl Agent {
         let after = self.inner.config.replica_repair_after.as_millis() as u64;
         let failures = {
             let mut failures = lock(&self.inner.repair_failures);
-            failures.retain(|_, at| at.elapsed() < REPAIR_RETRY_AFTER);
+            let now = Instant::now();
+            failures.retain(|_, until| *until > now);
             failures.clone()
         };
         let failed_lately = |key: &(String, u32, u64, String)| failures.contains_key(key);

@@ -32,6 +32,14 @@ pub struct ForwardLabels {
     pub kind: &'static str,
 }
 
+/// Labels for ensemble repairs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairLabels {
+    /// `replaced` (a member that is gone), `added` (a segment sealed short of members) or
+    /// `failed`.
+    pub outcome: &'static str,
+}
+
 /// Labels for one follower of a partition this agent writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaLabels {
@@ -85,6 +93,8 @@ pub struct Metrics {
     /// Partitions this agent handed to another agent because it could not reach the agents
     /// it needed while metadata counted them live.
     pub writer_handoffs: Counter,
+    /// Ensemble repairs this agent ran (it held the sealed segment copied), by outcome.
+    pub ensemble_repairs: Family<RepairLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -112,6 +122,7 @@ impl Metrics {
         let consumer_lag_records = Family::<LagLabels, Gauge>::default();
         let dead_lettered = Family::<TopicLabels, Counter>::default();
         let forwarded = Family::<ForwardLabels, Counter>::default();
+        let ensemble_repairs = Family::<RepairLabels, Counter>::default();
         let partitions_written = Gauge::default();
         let registrations = Counter::default();
         let replication_lag_records = Family::<ReplicaLabels, Gauge>::default();
@@ -149,6 +160,11 @@ impl Metrics {
             "housekeeping_rounds",
             "Completed rounds of housekeeping: writers matched to metadata, archived local copies dropped, repairs started",
             housekeeping_rounds.clone(),
+        );
+        registry.register(
+            "ensemble_repairs",
+            "Sealed segments this agent had copied to another agent, by outcome: replaced (a member was gone), added (sealed short of members), failed",
+            ensemble_repairs.clone(),
         );
         registry.register(
             "writer_handoffs",
@@ -205,6 +221,7 @@ impl Metrics {
             under_replicated_partitions,
             housekeeping_rounds,
             writer_handoffs,
+            ensemble_repairs,
         }
     }
 

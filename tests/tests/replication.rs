@@ -826,6 +826,12 @@ async fn a_segment_sealed_after_a_follower_left_midway_gets_its_missing_replica_
         })
         .await;
     assert!(repaired.segments[&segment].ensemble.contains(&left), "{:?}", repaired.segments[&segment]);
+    // The repairer (the segment's first member, the writer) counts what it added.
+    let metrics = client.metrics().await.expect("metrics");
+    let added = metrics.lines().find_map(|l| {
+        l.strip_prefix("silt_agent_ensemble_repairs_total{outcome=\"added\"} ")?.parse::<u64>().ok()
+    });
+    assert!(added.is_some_and(|n| n >= 1), "no repair counted: {added:?}");
     // Each holder serves each sealed segment whole: every acknowledged record, from its disk.
     let sealed: Vec<u64> = repaired
         .segments
