@@ -1988,7 +1988,15 @@ impl Agent {
             let mut guard = lock(&shared);
             let replica =
                 guard.as_mut().ok_or_else(|| StoreError::Failed("the replica was closed; retry".into()))?;
-            replica.log_mut().insert_sealed(&batches)
+            let r = replica.log_mut().insert_sealed(&batches);
+            if let Err(e) = &r {
+                if !matches!(e, StoreError::Diverged(_) | StoreError::Failed(_)) {
+                    // As after a failed append: opened again from disk on next use.
+                    error!(partition, error = %e, "a replica failed while taking a copy; it is opened again from disk");
+                    *guard = None;
+                }
+            }
+            r
         })
         .await
         .map_err(|e| ApiError::unavailable(format!("repair task panicked: {e}")))??;

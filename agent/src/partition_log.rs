@@ -202,11 +202,12 @@ impl PartitionLog {
     /// first batches, byte for byte (what a follower that left the ensemble midway kept), is
     /// replaced by the copy.
     pub fn insert_sealed(&mut self, batches: &[RecordBatch]) -> Result<(), StoreError> {
+        // A copy that is not whole is the source's fault, not a disagreement with this log.
         let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
-            return Err(StoreError::Diverged("an empty segment cannot be copied".into()));
+            return Err(StoreError::Failed("an empty segment cannot be copied".into()));
         };
         if let Some(w) = batches.windows(2).find(|w| w[1].base_offset() != w[0].next_offset()) {
-            return Err(StoreError::Diverged(format!(
+            return Err(StoreError::Failed(format!(
                 "a copied batch at offset {} does not follow offset {}",
                 w[1].base_offset(),
                 w[0].last_offset()
@@ -222,11 +223,14 @@ impl PartitionLog {
     /// [`PartitionLog::insert_sealed`] of contiguous `batches`, offsets `base..end`.
     fn place_sealed(&mut self, batches: &[RecordBatch], base: u64, end: u64) -> Result<(), StoreError> {
         // An empty active segment in the way holds nothing: drop it (a follower starts it again).
+        // The list is never empty: where a segment goes that is the only one, a new active
+        // segment after the copy comes first.
         if self.active().record_count() == 0 && self.active().base_offset() < end {
-            let old = self.segments.pop().expect("a log has an active segment");
-            if self.segments.is_empty() {
+            let i = self.segments.len() - 1;
+            if i == 0 {
                 self.segments.push(Segment::create(&self.dir, end)?);
             }
+            let old = self.segments.remove(i);
             old.delete_files()?;
         }
         if let Some(i) = self.segments.iter().position(|s| s.base_offset() == base && s.next_offset() <= end)
@@ -237,10 +241,10 @@ impl PartitionLog {
             {
                 // Gone before the copy lands: a crash in between leaves neither, and the copy
                 // is recorded in metadata only after this returns.
-                let held = self.segments.remove(i);
-                if self.segments.is_empty() {
+                if self.segments.len() == 1 {
                     self.segments.push(Segment::create(&self.dir, end)?);
                 }
+                let held = self.segments.remove(i);
                 held.delete_files()?;
                 sync_dir(&self.dir)?;
             }
@@ -259,13 +263,13 @@ impl PartitionLog {
                 last.seal()?;
             }
         }
-        // A copy cut short by a failure stays on disk unrecorded: a beginning of the segment,
-        // which the next copy replaces (and which reads never reach, as it is not in the list).
         let mut segment = Segment::create(&self.dir, base)?;
-        for b in batches {
-            segment.append(b)?;
+        if let Err(e) = batches.iter().try_for_each(|b| segment.append(b)).and_then(|()| segment.seal()) {
+            // A copy cut short goes (it would be in the next copy's way); metadata never
+            // recorded it.
+            let _ = segment.delete_files();
+            return Err(e);
         }
-        segment.seal()?;
         let at = self.segments.partition_point(|s| s.base_offset() < base);
         self.segments.insert(at, segment);
         if after_all {

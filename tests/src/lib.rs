@@ -305,7 +305,8 @@ pub async fn held_records(agent_url: &str, topic: &str, partition: u32, from: u6
 }
 
 /// Like [`held_records`], but `None` when the agent answers that it holds no committed
-/// segment at `from` (503).
+/// segment at `from` (503), or that its log starts after `from` (`offset_out_of_range`: it
+/// dropped its copies of archived segments).
 pub async fn held_records_if_any(
     agent_url: &str,
     topic: &str,
@@ -320,7 +321,9 @@ pub async fn held_records_if_any(
     let status = reply.status();
     let headers = reply.headers().clone();
     let body = reply.bytes().await.expect("held body");
-    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+    let out_of_range = status == reqwest::StatusCode::BAD_REQUEST
+        && String::from_utf8_lossy(&body).contains("\"offset_out_of_range\"");
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE || out_of_range {
         return None;
     }
     assert!(status.is_success(), "{url}: {status} {}", String::from_utf8_lossy(&body));
