@@ -476,8 +476,7 @@ async fn read_hot(
     offset: u64,
     limit: ReadLimit,
 ) -> Result<(Vec<Record>, u64, u64, usize), ApiError> {
-    let mut page =
-        HotPage { records: Vec::new(), next: offset, hwm: reader.high_watermark(), bytes: 0, used: 0 };
+    let mut page = HotPage::new(offset, reader.high_watermark());
     match page.read(&reader, &limit, ReadMode::CachedOnly, INLINE_READ_BYTES) {
         Ok(true) => return Ok(page.into_parts()),
         Ok(false) | Err(StoreError::NotCached) => {}
@@ -516,6 +515,11 @@ struct HotPage {
 }
 
 impl HotPage {
+    /// An empty page from `offset`, of a log that ends at `hwm`.
+    fn new(offset: u64, hwm: u64) -> Self {
+        HotPage { records: Vec::new(), next: offset, hwm, bytes: 0, used: 0 }
+    }
+
     /// Reads on until `limit` is reached or the log ends (`true`), or until `budget` more
     /// batch bytes were read (`false`: there may be more). After an error, what was read so
     /// far stays and the next call goes on from there.
@@ -3270,7 +3274,7 @@ mod tests {
         log.publish();
         let reader = log.reader();
         let all = ReadLimit::new(10_000, usize::MAX);
-        let page = || HotPage { records: Vec::new(), next: 0, hwm: 0, bytes: 0, used: 0 };
+        let page = || HotPage::new(0, 0);
         let mut whole = page();
         assert!(whole.read(&reader, &all, ReadMode::MayBlock, usize::MAX).unwrap());
         assert_eq!(offsets(&whole.records), (0..1000).collect::<Vec<_>>());

@@ -220,17 +220,20 @@ impl PartitionLog {
         placed
     }
 
+    /// Takes segment `i` out of the list, which is never left empty: if it is the only one, an
+    /// empty active segment at `end` (where a copy being placed ends) takes its place first.
+    fn remove_segment(&mut self, i: usize, end: u64) -> Result<Segment, StoreError> {
+        if self.segments.len() == 1 {
+            self.segments.push(Segment::create(&self.dir, end)?);
+        }
+        Ok(self.segments.remove(i))
+    }
+
     /// [`PartitionLog::insert_sealed`] of contiguous `batches`, offsets `base..end`.
     fn place_sealed(&mut self, batches: &[RecordBatch], base: u64, end: u64) -> Result<(), StoreError> {
         // An empty active segment in the way holds nothing: drop it (a follower starts it again).
-        // The list is never empty: where a segment goes that is the only one, a new active
-        // segment after the copy comes first.
         if self.active().record_count() == 0 && self.active().base_offset() < end {
-            let i = self.segments.len() - 1;
-            if i == 0 {
-                self.segments.push(Segment::create(&self.dir, end)?);
-            }
-            let old = self.segments.remove(i);
+            let old = self.remove_segment(self.segments.len() - 1, end)?;
             old.delete_files()?;
         }
         if let Some(i) = self.segments.iter().position(|s| s.base_offset() == base && s.next_offset() <= end)
@@ -241,10 +244,7 @@ impl PartitionLog {
             {
                 // Gone before the copy lands: a crash in between leaves neither, and the copy
                 // is recorded in metadata only after this returns.
-                if self.segments.len() == 1 {
-                    self.segments.push(Segment::create(&self.dir, end)?);
-                }
-                let held = self.segments.remove(i);
+                let held = self.remove_segment(i, end)?;
                 held.delete_files()?;
                 sync_dir(&self.dir)?;
             }
