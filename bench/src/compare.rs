@@ -172,6 +172,8 @@ mod tests {
                 &[1; 99].iter().chain(&[disk_p99_ms; 2]).copied().collect::<Vec<_>>(),
             ),
             loopback_tcp_mb_per_s: 3000.0,
+            write_4k_fdatasync_cpu_us: 50.0,
+            loopback_round_trip: latency(&[1; 10]),
         };
         let run = |rate: &str| RunResult {
             workload: "w".into(),

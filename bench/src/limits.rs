@@ -17,6 +17,9 @@ use crate::latency::{Latency, LatencySummary};
 pub const SEQ_WRITE_CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one small durable write.
 pub const SMALL_WRITE_BYTES: usize = 4096;
+/// Bytes of the request in a loopback round trip (a small produce request); the reply is 16 bytes.
+pub const ROUND_TRIP_REQUEST_BYTES: usize = 1024;
+const ROUND_TRIP_REPLY_BYTES: usize = 16;
 
 /// One measurement of the limits.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -27,18 +30,28 @@ pub struct Limits {
     pub write_4k_fdatasync: LatencySummary,
     /// One TCP stream over loopback, MB/s.
     pub loopback_tcp_mb_per_s: f64,
+    /// CPU time (user + system) the writing thread spent per 4 KiB append + fdatasync, µs.
+    #[serde(default)]
+    pub write_4k_fdatasync_cpu_us: f64,
+    /// Latency of one round trip between two threads over a loopback TCP connection: a 1 KiB
+    /// request, a 16-byte reply (what any request to a server on this machine costs at least).
+    #[serde(default)]
+    pub loopback_round_trip: LatencySummary,
 }
 
 /// Measures all limits, writing files under `dir` (the filesystem the systems write to).
 pub fn measure(dir: &Path, each: Duration) -> anyhow::Result<Limits> {
     std::fs::create_dir_all(dir)?;
     let seq = seq_write(dir, each)?;
-    let small = small_writes(dir, each)?;
+    let (small, small_cpu_us) = small_writes(dir, each)?;
     let tcp = loopback_tcp(each)?;
+    let round_trip = loopback_round_trips(each)?;
     Ok(Limits {
         seq_write_fdatasync_mb_per_s: seq,
         write_4k_fdatasync: small.summary(),
         loopback_tcp_mb_per_s: tcp,
+        write_4k_fdatasync_cpu_us: small_cpu_us,
+        loopback_round_trip: round_trip.summary(),
     })
 }
 
@@ -80,13 +93,15 @@ fn seq_write(dir: &Path, each: Duration) -> anyhow::Result<f64> {
     Ok(written as f64 / timed.as_secs_f64() / 1e6)
 }
 
-/// Appends 4 KiB with fdatasync after each for `each` (at most 100,000 writes).
-fn small_writes(dir: &Path, each: Duration) -> anyhow::Result<Latency> {
+/// Appends 4 KiB with fdatasync after each for `each` (at most 100,000 writes); returns their
+/// latency and the CPU time this thread spent per write, µs.
+fn small_writes(dir: &Path, each: Duration) -> anyhow::Result<(Latency, f64)> {
     let path = dir.join("limits-4k.bin");
     let _ = std::fs::remove_file(&path);
     let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
     let block = pseudo_random(SMALL_WRITE_BYTES);
     let mut lat = Latency::new();
+    let cpu_before = thread_cpu_s()?;
     let start = Instant::now();
     let mut n = 0;
     while start.elapsed() < each && n < 100_000 {
@@ -96,8 +111,52 @@ fn small_writes(dir: &Path, each: Duration) -> anyhow::Result<Latency> {
         lat.record(t.elapsed());
         n += 1;
     }
+    let cpu_us = (thread_cpu_s()? - cpu_before) * 1e6 / f64::from(n.max(1));
     drop(f);
     let _ = std::fs::remove_file(&path);
+    Ok((lat, cpu_us))
+}
+
+/// CPU seconds the calling thread has used (`/proc/thread-self/stat`, clock-tick resolution).
+fn thread_cpu_s() -> anyhow::Result<f64> {
+    crate::proc_stats::cpu_s_of("/proc/thread-self/stat")
+}
+
+/// Round trips over one loopback TCP connection (Nagle off) between this thread and another:
+/// a 1 KiB request, read whole by the other thread, then a 16-byte reply, for `each` (at most
+/// 100,000).
+fn loopback_round_trips(each: Duration) -> anyhow::Result<Latency> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut request = vec![0u8; ROUND_TRIP_REQUEST_BYTES];
+        let reply = [7u8; ROUND_TRIP_REPLY_BYTES];
+        loop {
+            match s.read_exact(&mut request) {
+                Ok(()) => s.write_all(&reply)?,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let request = pseudo_random(ROUND_TRIP_REQUEST_BYTES);
+    let mut reply = [0u8; ROUND_TRIP_REPLY_BYTES];
+    let mut lat = Latency::new();
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < each && n < 100_000 {
+        let t = Instant::now();
+        s.write_all(&request)?;
+        s.read_exact(&mut reply)?;
+        lat.record(t.elapsed());
+        n += 1;
+    }
+    drop(s);
+    server.join().map_err(|_| anyhow::anyhow!("loopback server panicked"))?.context("loopback server")?;
     Ok(lat)
 }
 
@@ -139,6 +198,9 @@ mod tests {
         assert!(l.seq_write_fdatasync_mb_per_s > 0.0);
         assert!(l.write_4k_fdatasync.count > 0);
         assert!(l.loopback_tcp_mb_per_s > 0.0);
+        assert!(l.loopback_round_trip.count > 0);
+        assert!(l.loopback_round_trip.p50_ms > 0.0);
+        assert!(l.write_4k_fdatasync_cpu_us >= 0.0 && l.write_4k_fdatasync_cpu_us.is_finite());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files are removed");
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Runs the workloads of `bench/workloads/` (OpenMessaging Benchmark style) against Silt and,
 //! in the same run on the same machine, against NATS JetStream at the same durability, and
-//! measures the machine's own limits (disk fdatasync bandwidth and latency, loopback TCP) at
-//! the start and the end. Writes `result.json` and `results.md` under a results folder; every
+//! measures the machine's own limits (disk fdatasync bandwidth, latency and CPU cost, loopback
+//! TCP throughput and round trip) at the start and the end. Writes `result.json` and `results.md` under a results folder; every
 //! Silt figure is shown next to the peer's and the limit's as a ratio. `bench/run.sh` is the one
 //! command that installs what it needs, builds, runs this and draws the plot.
 //!

@@ -22,7 +22,12 @@ fn ticks_per_s() -> f64 {
 /// User plus system CPU seconds a process (all its threads) has used so far.
 pub fn cpu_s(pid: u32) -> anyhow::Result<f64> {
     let path = if pid == 0 { "/proc/self/stat".to_string() } else { format!("/proc/{pid}/stat") };
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    cpu_s_of(&path)
+}
+
+/// User plus system CPU seconds from a `stat` file of `/proc` (a process's or a thread's).
+pub fn cpu_s_of(path: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
     parse_cpu_ticks(&stat).map(|t| t / ticks_per_s()).with_context(|| format!("unexpected {path}"))
 }
 
