@@ -495,23 +495,32 @@ impl PartitionWriter {
         self.ensemble = None;
         let base = self.log().next_offset();
         let (ensemble, instances) = self.choose_ensemble()?;
-        let open = Command::OpenSegment {
-            topic: self.config.topic.clone(),
-            topic_id: Some(self.config.topic_id),
-            partition: self.config.partition,
-            epoch: self.epoch,
-            base_offset: base,
-            ensemble,
-            instances,
-            now_ms: now_ms(),
-        };
-        match self.metadata.write(open).await {
+        match self.metadata.write(self.open_command(base, ensemble, instances)).await {
             Ok(_) => {}
             // A retry after a lost reply finds the segment open already.
             Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_open_in_metadata(base).await => {
             }
             Err(e) => return Err(e.into()),
         }
+        self.start_ensemble(base);
+        Ok(())
+    }
+
+    fn open_command(&self, base_offset: u64, ensemble: Vec<String>, instances: Vec<String>) -> Command {
+        Command::OpenSegment {
+            topic: self.config.topic.clone(),
+            topic_id: Some(self.config.topic_id),
+            partition: self.config.partition,
+            epoch: self.epoch,
+            base_offset,
+            ensemble,
+            instances,
+            now_ms: now_ms(),
+        }
+    }
+
+    /// Starts streaming to the followers metadata records for the open segment at `base`.
+    fn start_ensemble(&mut self, base: u64) {
         let me = self.config.agent_id.clone();
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
         let followers: Vec<(String, String)> = self.metadata.read_local(|s| {
@@ -540,7 +549,6 @@ impl PartitionWriter {
             followers,
             self.config.write_quorum,
         ));
-        Ok(())
     }
 
     /// Whether a new segment would get a better ensemble than the open one: a member's data
@@ -1073,17 +1081,51 @@ impl PartitionWriter {
         }
     }
 
+    /// Records a roll in metadata: the seal of the segment `roll_pending` describes and the
+    /// open of the next one, in one commit when there are agents for the next ensemble.
     async fn finish_pending_roll(&mut self) -> Result<(), StoreError> {
         let Some(summary) = self.roll_pending.clone() else { return Ok(()) };
-        let sealed = self.metadata.write(self.seal_command(&summary)).await;
-        match sealed {
+        self.ensemble = None;
+        let next = self.log().next_offset();
+        if let Ok((ensemble, instances)) = self.choose_ensemble() {
+            let roll = Command::RollSegment {
+                seal: Box::new(self.seal_command(&summary)),
+                open: Box::new(self.open_command(next, ensemble, instances)),
+            };
+            let rolled = match self.metadata.write(roll).await {
+                Ok(_) => true,
+                Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
+                    return Err(self.fenced(expected, actual));
+                }
+                // A retry after a lost reply finds the next segment open already.
+                Err(silt_metadata::MetadataError::InvalidArgument(_))
+                    if self.is_open_in_metadata(next).await =>
+                {
+                    true
+                }
+                // Sealed already (by an earlier attempt of the steps below): open alone.
+                Err(silt_metadata::MetadataError::InvalidArgument(_))
+                    if self.is_sealed_in_metadata(&summary).await =>
+                {
+                    false
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if rolled {
+                self.start_ensemble(next);
+                self.roll_pending = None;
+                return Ok(());
+            }
+        }
+        // Too few agents for the next ensemble (the open below says so and the writer ends),
+        // or the seal is recorded already: one step at a time.
+        match self.metadata.write(self.seal_command(&summary)).await {
             Ok(_) => {}
             // A retry after a lost reply finds the segment already sealed; go on to the open.
             Err(silt_metadata::MetadataError::InvalidArgument(_))
                 if self.is_sealed_in_metadata(&summary).await => {}
             Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
-                self.failed = Some(format!("fenced: epoch {expected} was superseded by {actual}"));
-                return Err(StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual }));
+                return Err(self.fenced(expected, actual));
             }
             Err(e) => return Err(e.into()),
         }
@@ -1099,6 +1141,12 @@ impl PartitionWriter {
         }
         self.roll_pending = None;
         Ok(())
+    }
+
+    /// A metadata write refused for a newer epoch: this writer is deposed and refuses writes.
+    fn fenced(&mut self, expected: u64, actual: u64) -> StoreError {
+        self.failed = Some(format!("fenced: epoch {expected} was superseded by {actual}"));
+        StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual })
     }
 
     async fn is_sealed_in_metadata(&self, s: &SealedSummary) -> bool {

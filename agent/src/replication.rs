@@ -16,7 +16,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use silt_record::RecordBatch;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
@@ -42,13 +42,26 @@ struct Follower {
     task: JoinHandle<()>,
 }
 
-#[derive(Default)]
 struct FollowerState {
     failed: AtomicBool,
     /// One past the last offset it has acknowledged.
     acked: AtomicU64,
     /// When the oldest group it has not acknowledged was sent (ms since `epoch`), 0 if none.
     oldest_pending_ms: AtomicU64,
+    /// Woken whenever any follower of the ensemble acknowledges or fails (shared by all).
+    changed: Arc<Notify>,
+}
+
+impl FollowerState {
+    fn ack(&self, end: u64) {
+        self.acked.store(end, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
 }
 
 /// A follower's replication lag, for metrics.
@@ -72,6 +85,8 @@ pub struct Ensemble {
     /// Follower acknowledgements a group needs besides the writer's own fsync (W - 1).
     needed: usize,
     started: Instant,
+    /// Woken when a follower acknowledges or fails.
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Ensemble {
@@ -96,12 +111,17 @@ impl Ensemble {
     ) -> Ensemble {
         let started = Instant::now();
         let base = target.segment;
+        let changed = Arc::new(Notify::new());
         let followers = followers
             .into_iter()
             .map(|(agent, addr)| {
                 let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE_GROUPS);
-                let state = Arc::new(FollowerState::default());
-                state.acked.store(base, Ordering::Relaxed);
+                let state = Arc::new(FollowerState {
+                    failed: AtomicBool::new(false),
+                    acked: AtomicU64::new(base),
+                    oldest_pending_ms: AtomicU64::new(0),
+                    changed: Arc::clone(&changed),
+                });
                 let link = Link {
                     peers: peers.clone(),
                     topic: topic.to_string(),
@@ -116,7 +136,7 @@ impl Ensemble {
                 Follower { agent, tx, state, task }
             })
             .collect();
-        Ensemble { base, followers, needed: write_quorum.saturating_sub(1), started }
+        Ensemble { base, followers, needed: write_quorum.saturating_sub(1), started, changed }
     }
 
     /// Sends a group of batches (ending at `end`) to every follower still in the ensemble and
@@ -151,7 +171,7 @@ impl Ensemble {
                 }
                 Err(_) => {
                     warn!(follower = %f.agent, "a follower fell a whole queue behind; it leaves the segment's ensemble");
-                    f.state.failed.store(true, Ordering::Relaxed);
+                    f.state.fail();
                     errors.push(format!("{}: too far behind", f.agent));
                 }
             }
@@ -193,10 +213,14 @@ impl Ensemble {
             !f.state.failed.load(Ordering::Relaxed) && f.state.acked.load(Ordering::Relaxed) >= end
         };
         let deadline = tokio::time::Instant::now() + timeout;
-        while self.followers.iter().any(|f| !f.state.failed.load(Ordering::Relaxed) && !caught_up(f))
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        loop {
+            // Registered before the check, so an acknowledgement in between is not missed.
+            let changed = self.changed.notified();
+            let waiting =
+                self.followers.iter().any(|f| !f.state.failed.load(Ordering::Relaxed) && !caught_up(f));
+            if !waiting || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break;
+            }
         }
         self.followers.iter().filter(|f| caught_up(f)).map(|f| f.agent.clone()).collect()
     }
@@ -270,7 +294,7 @@ impl Link {
             };
             match outcome {
                 Ok(()) => {
-                    self.state.acked.store(job.end, Ordering::Relaxed);
+                    self.state.ack(job.end);
                     let next_pending =
                         if rx.is_empty() { 0 } else { self.started.elapsed().as_millis() as u64 + 1 };
                     self.state.oldest_pending_ms.store(next_pending, Ordering::Relaxed);
@@ -279,7 +303,7 @@ impl Link {
                 Err(e) => {
                     warn!(follower = %self.agent, topic = %self.topic, partition = self.partition, error = %e,
                         "a follower failed an append; it leaves the segment's ensemble");
-                    self.state.failed.store(true, Ordering::Relaxed);
+                    self.state.fail();
                     let _ = job.done.send(Err(e));
                 }
             }

@@ -13,7 +13,7 @@
 //! fail their checksum are rebuilt the same way.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -306,10 +306,14 @@ impl Segment {
         self.file.sync_data().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })
     }
 
-    /// Seals the segment: fsyncs the log, then writes and fsyncs both index files.
+    /// Seals the segment: fsyncs the log, then writes both index files.
+    ///
+    /// The index files are not fsynced: they only spare a scan of the log at the next start,
+    /// and one that a crash left short, stale or empty fails its checksum or its checks against
+    /// the log and is rebuilt by scanning ([`Segment::open`]). Only the log's own fsync sits on
+    /// the path of a roll.
     pub fn seal(&self) -> Result<(), StoreError> {
         self.sync()?;
-        let dir = self.path.parent().unwrap_or(Path::new("."));
         let mut idx = Vec::new();
         for e in read(&self.index).iter() {
             idx.extend_from_slice(&e.offset.to_be_bytes());
@@ -321,8 +325,7 @@ impl Segment {
             tidx.extend_from_slice(&e.max_timestamp_ms.to_be_bytes());
             tidx.extend_from_slice(&e.offset.to_be_bytes());
         }
-        write_with_crc(&self.path.with_extension("timeindex"), tidx)?;
-        sync_dir(dir)
+        write_with_crc(&self.path.with_extension("timeindex"), tidx)
     }
 
     /// Loads a sealed segment's indexes. `None` if they are missing, damaged or disagree with
@@ -752,13 +755,13 @@ fn read_at_least(
     Ok(read)
 }
 
+/// Writes `data` and its CRC-32C to `path` through a temporary file and a rename, so that the
+/// file is whole or absent to a reader; not fsynced (see [`Segment::seal`]).
 fn write_with_crc(path: &Path, mut data: Vec<u8>) -> Result<(), StoreError> {
     let crc = crc32c::crc32c(&data);
     data.extend_from_slice(&crc.to_be_bytes());
     let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(|e| StoreError::io(&tmp, "create", e))?;
-    f.write_all(&data).map_err(|e| StoreError::io(&tmp, "write", e))?;
-    f.sync_all().map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
+    fs::write(&tmp, &data).map_err(|e| StoreError::io(&tmp, "write", e))?;
     fs::rename(&tmp, path).map_err(|e| StoreError::io(path, "rename", e))
 }
 

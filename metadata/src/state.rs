@@ -290,6 +290,14 @@ pub enum Command {
         /// Proposer's clock.
         now_ms: u64,
     },
+    /// A writer's roll: `seal` (a `seal_segment`) and then `open` (an `open_segment` of the same
+    /// partition under the same epoch, starting right after the sealed segment), both or neither.
+    RollSegment {
+        /// Seals the open segment.
+        seal: Box<Command>,
+        /// Opens the next one.
+        open: Box<Command>,
+    },
     /// Ensemble repair: agent `with` now holds a full copy of a sealed segment that has fewer
     /// members than the topic's replication factor (sealed after a follower left midway).
     AddReplica {
@@ -722,6 +730,50 @@ impl MetadataState {
                 segment.max_timestamp_ms = *max_timestamp_ms;
                 segment.sealed_ms = Some(*now_ms);
                 Ok(Response::Ok)
+            }
+            Command::RollSegment { seal, open } => {
+                let (
+                    Command::SealSegment {
+                        topic, topic_id, partition, epoch, base_offset, record_count, ..
+                    },
+                    Command::OpenSegment {
+                        topic: open_topic,
+                        topic_id: open_topic_id,
+                        partition: open_partition,
+                        epoch: open_epoch,
+                        base_offset: open_base,
+                        ..
+                    },
+                ) = (seal.as_ref(), open.as_ref())
+                else {
+                    return Err(MetadataError::InvalidArgument(
+                        "a roll_segment is a seal_segment and an open_segment".into(),
+                    ));
+                };
+                if (topic, topic_id, partition, epoch)
+                    != (open_topic, open_topic_id, open_partition, open_epoch)
+                {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "a roll seals and opens segments of one partition under one epoch, not \
+                         {topic}/{partition} at epoch {epoch} and {open_topic}/{open_partition} at epoch {open_epoch}"
+                    )));
+                }
+                let next = base_offset.checked_add(*record_count).ok_or_else(|| {
+                    MetadataError::InvalidArgument(format!(
+                        "{record_count} records from offset {base_offset} overflow"
+                    ))
+                })?;
+                if *open_base != next {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "the segment after {base_offset} ({record_count} records) of {topic}/{partition} \
+                         must start at offset {next}, not {open_base}"
+                    )));
+                }
+                // The seal changes nothing when refused. Once it is applied the open cannot be:
+                // same topic, id and epoch, the partition has no open segment left, and the
+                // new one starts where the sealed one ends.
+                self.try_apply(seal)?;
+                self.try_apply(open)
             }
             Command::ReplaceReplica { topic, topic_id, partition, base_offset, gone, with, instance } => {
                 let seg =
@@ -1341,6 +1393,61 @@ mod tests {
             max_timestamp_ms: None,
             now_ms: 6,
         }
+    }
+
+    /// Opens the segment after the 10 records `seal_held_by` seals.
+    fn open_after_ten(epoch: u64, base_offset: u64) -> Command {
+        Command::OpenSegment {
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch,
+            base_offset,
+            ensemble: vec!["a".into(), "b".into()],
+            instances: vec!["ia".into(), "ib".into()],
+            now_ms: 7,
+        }
+    }
+
+    #[test]
+    fn a_roll_seals_and_opens_in_one_step_or_changes_nothing() {
+        let mut s = open_on_three(&[]);
+        let roll = |seal: Command, open: Command| Command::RollSegment {
+            seal: Box::new(seal),
+            open: Box::new(open),
+        };
+        let before = s.clone();
+        for (refused, why) in [
+            (roll(seal_held_by(&["a"]), open_after_ten(1, 11)), "the next segment must start at 10"),
+            (roll(seal_held_by(&["a"]), open_after_ten(2, 10)), "one epoch"),
+            (roll(seal_held_by(&["a", "x"]), open_after_ten(1, 10)), "a seal that is refused"),
+            (roll(open_after_ten(1, 10), seal_held_by(&["a"])), "a seal, then an open"),
+            (roll(seal_held_by(&["a"]), Command::DeleteTopic { name: "t".into() }), "only an open"),
+        ] {
+            assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
+            assert_eq!(s, before, "a refused roll changes nothing ({why})");
+        }
+        let mut stale = seal_held_by(&["a"]);
+        if let Command::SealSegment { epoch, .. } = &mut stale {
+            *epoch = 0;
+        }
+        assert!(matches!(s.apply(&roll(stale, open_after_ten(0, 10))), Response::Error { .. }));
+        assert_eq!(s, before, "a deposed writer's roll changes nothing");
+
+        assert_eq!(s.apply(&roll(seal_held_by(&["a", "b", "c"]), open_after_ten(1, 10))), Response::Ok);
+        let p = &s.topics["t"].partitions[0];
+        assert_eq!(p.segments[&0].state, SegmentState::Sealed);
+        assert_eq!(p.segments[&0].last_offset, Some(9));
+        let next = p.open_segment().expect("the next segment is open");
+        assert_eq!((next.base_offset, next.epoch), (10, 1));
+        assert_eq!(next.ensemble, ["a", "b"]);
+        // The same roll again (a retry after a lost reply) is refused and changes nothing.
+        let after = s.clone();
+        assert!(matches!(
+            s.apply(&roll(seal_held_by(&["a", "b", "c"]), open_after_ten(1, 10))),
+            Response::Error { .. }
+        ));
+        assert_eq!(s, after);
     }
 
     #[test]
