@@ -651,26 +651,8 @@ impl MetadataState {
                         "a new segment of {topic}/{partition} must start at offset {expected}, not {base_offset}"
                     )));
                 }
-                p.segments.insert(
-                    *base_offset,
-                    Segment {
-                        base_offset: *base_offset,
-                        last_offset: None,
-                        state: SegmentState::Open,
-                        epoch: *epoch,
-                        ensemble: ensemble.clone(),
-                        instances: instances.clone(),
-                        size_bytes: 0,
-                        record_count: 0,
-                        min_timestamp_ms: None,
-                        max_timestamp_ms: None,
-                        opened_ms: *now_ms,
-                        sealed_ms: None,
-                        object_key: None,
-                        object_bytes: 0,
-                        archived_ms: None,
-                    },
-                );
+                p.segments
+                    .insert(*base_offset, open_segment(*base_offset, *epoch, ensemble, instances, *now_ms));
                 Ok(Response::Ok)
             }
             Command::SealSegment {
@@ -742,7 +724,9 @@ impl MetadataState {
                         partition: open_partition,
                         epoch: open_epoch,
                         base_offset: open_base,
-                        ..
+                        ensemble,
+                        instances,
+                        now_ms,
                     },
                 ) = (seal.as_ref(), open.as_ref())
                 else {
@@ -769,9 +753,28 @@ impl MetadataState {
                          must start at offset {next}, not {open_base}"
                     )));
                 }
+                if *record_count == 0 {
+                    // An empty open segment opened again with another ensemble: replaced in
+                    // place. Removed first (as a seal of no records does), it could leave no
+                    // segment to say where the partition's next offset is (retention keeps
+                    // only the open one of a quiet partition).
+                    self.check_topic_id(topic, *topic_id)?;
+                    let p = self.partition_mut(topic, *partition)?;
+                    check_epoch(p, *epoch)?;
+                    if !p.segments.get(base_offset).is_some_and(|s| s.state == SegmentState::Open) {
+                        return Err(MetadataError::InvalidArgument(format!(
+                            "partition {topic}/{partition} has no open segment at offset {base_offset}"
+                        )));
+                    }
+                    p.segments.insert(
+                        *base_offset,
+                        open_segment(*base_offset, *epoch, ensemble, instances, *now_ms),
+                    );
+                    return Ok(Response::Ok);
+                }
                 // The seal changes nothing when refused. Once it is applied the open cannot be:
                 // same topic, id and epoch, the partition has no open segment left, and the
-                // new one starts where the sealed one ends.
+                // sealed segment (the chain's last, holding records) ends where the new one starts.
                 self.try_apply(seal)?;
                 self.try_apply(open)
             }
@@ -1077,6 +1080,33 @@ impl MetadataState {
         t.partitions
             .get_mut(partition as usize)
             .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })
+    }
+}
+
+/// A new, empty open segment at `base_offset`.
+fn open_segment(
+    base_offset: u64,
+    epoch: u64,
+    ensemble: &[String],
+    instances: &[String],
+    now_ms: u64,
+) -> Segment {
+    Segment {
+        base_offset,
+        last_offset: None,
+        state: SegmentState::Open,
+        epoch,
+        ensemble: ensemble.to_vec(),
+        instances: instances.to_vec(),
+        size_bytes: 0,
+        record_count: 0,
+        min_timestamp_ms: None,
+        max_timestamp_ms: None,
+        opened_ms: now_ms,
+        sealed_ms: None,
+        object_key: None,
+        object_bytes: 0,
+        archived_ms: None,
     }
 }
 
@@ -1448,6 +1478,54 @@ mod tests {
             Response::Error { .. }
         ));
         assert_eq!(s, after);
+    }
+
+    #[test]
+    fn an_empty_open_segment_rolled_to_a_new_ensemble_is_replaced_in_place() {
+        let mut s = open_on_three(&[]);
+        let roll = |seal: Command, open: Command| Command::RollSegment {
+            seal: Box::new(seal),
+            open: Box::new(open),
+        };
+        assert_eq!(s.apply(&roll(seal_held_by(&["a", "b", "c"]), open_after_ten(1, 10))), Response::Ok);
+        // Retention dropped the archived segment: the open one is all the chain holds.
+        s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
+        let empty_at = |base_offset: u64| Command::SealSegment {
+            replicas: None,
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch: 1,
+            base_offset,
+            record_count: 0,
+            size_bytes: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 8,
+        };
+        let mut reopen = open_after_ten(1, 10);
+        if let Command::OpenSegment { ensemble, instances, .. } = &mut reopen {
+            *ensemble = vec!["a".into(), "c".into()];
+            *instances = vec!["ia".into(), "ic".into()];
+        }
+        let before = s.clone();
+        let mut wrong = reopen.clone();
+        if let Command::OpenSegment { base_offset, .. } = &mut wrong {
+            *base_offset = 11;
+        }
+        assert!(
+            matches!(s.apply(&roll(empty_at(11), wrong)), Response::Error { .. }),
+            "no open segment at 11"
+        );
+        assert_eq!(s, before, "a refused roll changes nothing");
+        assert_eq!(s.apply(&roll(empty_at(10), reopen)), Response::Ok);
+        let p = &s.topics["t"].partitions[0];
+        assert_eq!(p.segments.len(), 1);
+        let open = p.open_segment().expect("still open");
+        assert_eq!((open.base_offset, open.record_count), (10, 0));
+        assert_eq!(open.ensemble, ["a", "c"]);
+        assert_eq!(open.instances, ["ia", "ic"]);
+        assert_eq!(p.next_segment_base(), 10, "the partition's end is kept");
     }
 
     #[test]
