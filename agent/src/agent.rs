@@ -2374,6 +2374,7 @@ impl Agent {
             let chain = self.with_partition(&topic, partition, |p| silt_metadata::state::Partition {
                 writer: None,
                 epoch: p.epoch,
+                empty_end: p.empty_end,
                 segments: p
                     .segments
                     .range(..=start)
@@ -3294,10 +3295,19 @@ mod tests {
         // read that may wait goes on from where it stopped.
         let second = &log.segments()[1];
         let file = std::fs::File::open(second.path()).unwrap();
-        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
-        let mut mixed = page();
-        let stopped = mixed.read(&reader, &all, ReadMode::CachedOnly, usize::MAX);
-        assert!(matches!(stopped, Err(StoreError::NotCached)), "{stopped:?}");
+        // Dropping pages is advice: a busy kernel may keep some for a moment (still on a
+        // per-CPU list), so a read that still found everything cached is tried again.
+        let mut attempts = 0;
+        let (mut mixed, stopped) = loop {
+            rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+            let mut mixed = page();
+            let stopped = mixed.read(&reader, &all, ReadMode::CachedOnly, usize::MAX);
+            attempts += 1;
+            if !matches!(stopped, Ok(true)) || attempts == 20 {
+                break (mixed, stopped);
+            }
+        };
+        assert!(matches!(stopped, Err(StoreError::NotCached)), "{stopped:?} after {attempts} attempts");
         assert_eq!(offsets(&mixed.records), (0..500).collect::<Vec<_>>());
         assert!(mixed.read(&reader, &all, ReadMode::MayBlock, usize::MAX).unwrap());
         assert_eq!(offsets(&mixed.records), offsets(&whole.records));

@@ -890,9 +890,18 @@ mod tests {
         // Out of the page cache: a read of the page cache only says the disk is needed (the
         // kernel starts reading the pages in, so only its first answer is certain); a read that
         // may wait reads everything, and then the page cache serves it again.
-        evict(&view.file, 0);
-        let err = view.read_batches_from(view.entry_for(150), 150, usize::MAX, ReadMode::CachedOnly);
-        assert!(matches!(err, Err(StoreError::NotCached)), "{err:?}");
+        // Dropping pages is advice: a busy kernel may keep some for a moment, so a read that
+        // still found everything cached is tried again.
+        let mut attempts = 0;
+        let err = loop {
+            evict(&view.file, 0);
+            let r = view.read_batches_from(view.entry_for(150), 150, usize::MAX, ReadMode::CachedOnly);
+            attempts += 1;
+            if r.is_err() || attempts == 20 {
+                break r;
+            }
+        };
+        assert!(matches!(err, Err(StoreError::NotCached)), "{err:?} after {attempts} attempts");
         let start = IndexEntry { offset: 100, position: 0 };
         assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::MayBlock).unwrap(), written);
         assert_eq!(view.read_batches_from(start, 100, usize::MAX, ReadMode::CachedOnly).unwrap(), written);

@@ -63,18 +63,36 @@ pub struct Partition {
     pub epoch: u64,
     /// Segments by base offset.
     pub segments: BTreeMap<u64, Segment>,
+    /// Where the log ends while `segments` is empty: a seal of no records removed the chain's
+    /// only segment (retention had deleted the others), and the next segment must start here,
+    /// not at 0, or offsets would be used twice. 0 for a partition never written.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub empty_end: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Partition {
     /// The offset the next new segment must start at: one past the last sealed record.
     pub fn next_segment_base(&self) -> u64 {
-        self.segments.values().next_back().map_or(0, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
+        self.segments
+            .values()
+            .next_back()
+            .map_or(self.empty_end, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
+    }
+
+    /// The first offset the chain describes: its first segment's, or where an empty chain ends
+    /// (everything below was deleted by retention).
+    pub fn first_offset(&self) -> u64 {
+        self.segments.keys().next().copied().unwrap_or(self.empty_end)
     }
 
     /// Whether every offset of `first..=last` is in an archived segment, or was deleted by
     /// retention (it is below the chain's first segment): a local copy of them is only a cache.
     pub fn is_archived(&self, first: u64, last: u64) -> bool {
-        let start = self.segments.keys().next().copied().unwrap_or(0);
+        let start = self.first_offset();
         // Segments do not overlap: only the one holding `first` can hold all of them.
         last < start
             || self.segments.range(..=first).next_back().is_some_and(|(_, seg)| {
@@ -681,6 +699,9 @@ impl MetadataState {
                 };
                 if *record_count == 0 {
                     p.segments.remove(base_offset);
+                    if p.segments.is_empty() {
+                        p.empty_end = *base_offset;
+                    }
                     return Ok(Response::Ok);
                 }
                 if let Some(keep) = replicas {
@@ -1526,6 +1547,47 @@ mod tests {
         assert_eq!(open.ensemble, ["a", "c"]);
         assert_eq!(open.instances, ["ia", "ic"]);
         assert_eq!(p.next_segment_base(), 10, "the partition's end is kept");
+    }
+
+    #[test]
+    fn a_chain_emptied_by_a_seal_of_no_records_keeps_where_the_log_ends() {
+        let mut s = open_on_three(&[]);
+        let roll = Command::RollSegment {
+            seal: Box::new(seal_held_by(&["a"])),
+            open: Box::new(open_after_ten(1, 10)),
+        };
+        assert_eq!(s.apply(&roll), Response::Ok);
+        // Retention dropped the archived segment; a clean stop then closes the empty open one.
+        s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
+        let close = Command::SealSegment {
+            replicas: None,
+            topic: "t".into(),
+            topic_id: None,
+            partition: 0,
+            epoch: 1,
+            base_offset: 10,
+            record_count: 0,
+            size_bytes: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms: 9,
+        };
+        assert_eq!(s.apply(&close), Response::Ok);
+        let p = &s.topics["t"].partitions[0];
+        assert!(p.segments.is_empty());
+        assert_eq!(p.next_segment_base(), 10, "offsets 0..10 are never used again");
+        assert_eq!(p.first_offset(), 10);
+        assert!(p.is_archived(0, 9), "what retention deleted counts as archived");
+        assert!(!p.is_archived(9, 10));
+        let before = s.clone();
+        assert!(matches!(s.apply(&open_after_ten(1, 0)), Response::Error { .. }), "not from 0 again");
+        assert_eq!(s, before);
+        assert_eq!(s.apply(&open_after_ten(1, 10)), Response::Ok);
+        // The field survives a snapshot, and a partition never emptied has none.
+        let json = serde_json::to_string(&s).unwrap();
+        let back: MetadataState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+        assert!(!serde_json::to_string(&open_on_three(&[])).unwrap().contains("empty_end"));
     }
 
     #[test]

@@ -35,9 +35,10 @@ pub enum Location {
     },
 }
 
-/// The first offset of the partition that can still be read (0 for an empty partition).
+/// The first offset of the partition that can still be read (where the log ends for a
+/// partition whose segments retention deleted, 0 for one never written).
 pub fn earliest_offset(partition: &Partition) -> u64 {
-    partition.segments.values().next().map_or(0, |s| s.base_offset)
+    partition.first_offset()
 }
 
 fn location_of(segment: &Segment) -> Location {
@@ -61,6 +62,7 @@ pub fn locate(partition: &Partition, offset: u64) -> Location {
     let Some(segment) = partition.segments.range(..=offset).next_back().map(|(_, s)| s) else {
         return match partition.segments.values().next() {
             Some(first) => Location::Gone { earliest: first.base_offset },
+            None if offset < partition.empty_end => Location::Gone { earliest: partition.empty_end },
             None => Location::Future,
         };
     };
@@ -119,7 +121,19 @@ mod tests {
             writer: None,
             epoch: 1,
             segments: segments.into_iter().map(|s| (s.base_offset, s)).collect(),
+            empty_end: 0,
         }
+    }
+
+    #[test]
+    fn a_partition_whose_segments_retention_deleted_reads_from_where_its_log_ends() {
+        let mut p = partition(Vec::new());
+        assert_eq!(earliest_offset(&p), 0);
+        assert_eq!(locate(&p, 0), Location::Future, "never written");
+        p.empty_end = 40;
+        assert_eq!(earliest_offset(&p), 40);
+        assert_eq!(locate(&p, 39), Location::Gone { earliest: 40 });
+        assert_eq!(locate(&p, 40), Location::Future);
     }
 
     #[test]
