@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use silt_record::{
     peek_base_offset, peek_batch_len, peek_last_offset, RecordBatch, BATCH_HEADER_BYTES, LOG_OVERHEAD,
 };
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use crate::error::StoreError;
 
@@ -30,6 +30,10 @@ use crate::error::StoreError;
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
 /// Largest batch the store frames; anything claiming to be larger is corruption.
 pub const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
+/// Most zero-filled space kept ahead of an open segment's data (see [`Segment::sync_appends`]).
+pub const PREALLOCATE_BYTES_MAX: u64 = 256 * 1024;
+/// Least zero-filled space worth writing ahead of a small segment's data.
+const PREALLOCATE_BYTES_MIN: u64 = 4 * 1024;
 
 /// What a recovery scan found in a log file.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -38,6 +42,8 @@ pub struct ScanReport {
     pub valid_bytes: u64,
     /// Bytes cut off the end (a torn write that was never acknowledged).
     pub truncated_bytes: u64,
+    /// Zero-filled space after the last batch (written ahead of appends), cut off the end.
+    pub preallocated_bytes: u64,
     /// Byte ranges in the middle whose batches fail their checks; never served.
     pub corrupt_ranges: Vec<(u64, u64)>,
     /// The segment is sealed and was loaded from its index files without a scan.
@@ -72,6 +78,10 @@ pub struct Segment {
     file: Arc<File>,
     /// Bytes written (not necessarily durable until `sync`).
     size_bytes: u64,
+    /// Length of the file: `size_bytes` and the zero-filled space after it.
+    allocated_bytes: u64,
+    /// `size_bytes` at the last [`Segment::sync_appends`].
+    synced_bytes: u64,
     /// Offset the next appended batch gets.
     next_offset: u64,
     record_count: u64,
@@ -124,6 +134,8 @@ impl Segment {
             path,
             file: Arc::new(file),
             size_bytes: 0,
+            allocated_bytes: 0,
+            synced_bytes: 0,
             next_offset: base_offset,
             record_count: 0,
             min_timestamp_ms: None,
@@ -156,12 +168,20 @@ impl Segment {
             }
             warn!(path = %path.display(), "index files missing or damaged; rebuilding by scanning the log");
         }
-        let report = segment.scan()?;
+        let report = segment.scan(sealed)?;
         Ok((segment, report))
     }
 
     /// Scans the whole file, rebuilding the in-memory state. Truncates a torn tail.
-    fn scan(&mut self) -> Result<ScanReport, StoreError> {
+    ///
+    /// In the open segment (`sealed` false) a bad batch is a torn tail, not damage in the
+    /// middle, also when valid batches follow it if one of its 512-byte sectors is all zeros:
+    /// small groups overwrite zeros written ahead of them, and a crash during their fdatasync
+    /// can leave any of their sectors unwritten (the disk persists them in no set order), so a
+    /// later batch of the same never-acknowledged group may have reached the disk when an
+    /// earlier one did not. Every earlier group was synced whole, so such a gap can only be in
+    /// the last group, and everything from it on goes.
+    fn scan(&mut self, sealed: bool) -> Result<ScanReport, StoreError> {
         let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
         let mut report = ScanReport::default();
         let mut position = 0u64;
@@ -185,43 +205,92 @@ impl Segment {
                     self.note_batch(position, &batch);
                     position += len_bytes;
                 }
-                Err(reason) => match self.resync(position, len) {
-                    Some((next_position, next_offset)) => {
-                        error!(
-                            path = %self.path.display(),
-                            from = position,
-                            to = next_position,
-                            %reason,
-                            "corrupt batch in the middle of a segment; it will never be served"
-                        );
-                        report.corrupt_ranges.push((position, next_position));
-                        self.corrupt_ranges.push((position, next_position));
-                        // The damaged batch's offsets are lost to this replica; skip them.
-                        self.next_offset = next_offset;
-                        position = next_position;
-                        // Index the next good batch, so that reads of the offsets after the
-                        // damage start there instead of running into it.
-                        self.last_indexed_position = None;
+                Err(reason) => {
+                    let resumes = match self.resync(position, len) {
+                        // A gap in the open segment's last group: torn, not damage.
+                        Some((next, _)) if !sealed && self.zero_sector_in(position, next)? => None,
+                        resumes => resumes,
+                    };
+                    match resumes {
+                        Some((next_position, next_offset)) => {
+                            error!(
+                                path = %self.path.display(),
+                                from = position,
+                                to = next_position,
+                                %reason,
+                                "corrupt batch in the middle of a segment; it will never be served"
+                            );
+                            report.corrupt_ranges.push((position, next_position));
+                            self.corrupt_ranges.push((position, next_position));
+                            // The damaged batch's offsets are lost to this replica; skip them.
+                            self.next_offset = next_offset;
+                            position = next_position;
+                            // Index the next good batch, so that reads of the offsets after the
+                            // damage start there instead of running into it.
+                            self.last_indexed_position = None;
+                        }
+                        None if self.zeros_from(position, len)? => {
+                            // Space written ahead of appends that never came: nothing was lost.
+                            // Cut without an fsync: zeros that come back after a crash are cut again.
+                            debug!(path = %self.path.display(), at = position, bytes = len - position, "dropping zero-filled space after the last batch");
+                            self.file
+                                .set_len(position)
+                                .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+                            report.preallocated_bytes = len - position;
+                            break;
+                        }
+                        None => {
+                            warn!(
+                                path = %self.path.display(),
+                                at = position,
+                                bytes = len - position,
+                                %reason,
+                                "truncating a torn tail that was never acknowledged"
+                            );
+                            self.file
+                                .set_len(position)
+                                .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+                            self.file.sync_all().map_err(|e| StoreError::io(&self.path, "fsync", e))?;
+                            report.truncated_bytes = len - position;
+                            break;
+                        }
                     }
-                    None => {
-                        warn!(
-                            path = %self.path.display(),
-                            at = position,
-                            bytes = len - position,
-                            %reason,
-                            "truncating a torn tail that was never acknowledged"
-                        );
-                        self.file.set_len(position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-                        self.file.sync_all().map_err(|e| StoreError::io(&self.path, "fsync", e))?;
-                        report.truncated_bytes = len - position;
-                        break;
-                    }
-                },
+                }
             }
         }
         self.size_bytes = position;
+        self.allocated_bytes = position;
+        self.synced_bytes = position;
         report.valid_bytes = position;
         Ok(report)
+    }
+
+    /// Whether a whole 512-byte sector (at a multiple of 512) between `from` and `to` is all
+    /// zeros.
+    fn zero_sector_in(&self, from: u64, to: u64) -> Result<bool, StoreError> {
+        const SECTOR: u64 = 512;
+        let first = from.div_ceil(SECTOR) * SECTOR;
+        if first + SECTOR > to {
+            return Ok(false);
+        }
+        let mut buf = vec![0u8; (to - first) as usize];
+        self.file.read_exact_at(&mut buf, first).map_err(|e| StoreError::io(&self.path, "read", e))?;
+        Ok(buf.chunks_exact(SECTOR as usize).any(|sector| sector.iter().all(|&b| b == 0)))
+    }
+
+    /// Whether every byte of the file from `position` to `len` is zero.
+    fn zeros_from(&self, mut position: u64, len: u64) -> Result<bool, StoreError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        while position < len {
+            let n = buf.len().min((len - position) as usize);
+            let chunk = &mut buf[..n];
+            self.file.read_exact_at(chunk, position).map_err(|e| StoreError::io(&self.path, "read", e))?;
+            if chunk.iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+            position += n as u64;
+        }
+        Ok(true)
     }
 
     /// After a bad batch at `position`, looks for a later valid batch. Finding one means the
@@ -306,13 +375,53 @@ impl Segment {
         self.file.sync_data().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })
     }
 
-    /// Seals the segment: fsyncs the log, then writes both index files.
+    /// [`Segment::sync`] for the end of a group of appends. When the group was small, zero-filled
+    /// space is first written after the data (made durable by the same fdatasync), so that the
+    /// next small groups overwrite it in place: an fdatasync of a write within the file has no
+    /// new file size or block allocation to commit to the filesystem's journal, and on ext4
+    /// costs about half the time and CPU of one that appends. Large groups append as they are:
+    /// they commit one file size per many bytes anyway, and writing zeros ahead of them would
+    /// double what they send to the disk. The space ahead grows with the segment (as much as
+    /// it already holds, from [`PREALLOCATE_BYTES_MIN`] to [`PREALLOCATE_BYTES_MAX`]), so a
+    /// quiet partition's open segment stays small, and [`Segment::seal`] cuts it off.
+    pub fn sync_appends(&mut self) -> Result<(), StoreError> {
+        let group = self.size_bytes - self.synced_bytes.min(self.size_bytes);
+        self.allocated_bytes = self.allocated_bytes.max(self.size_bytes);
+        let ahead = self.size_bytes.clamp(PREALLOCATE_BYTES_MIN, PREALLOCATE_BYTES_MAX);
+        if group <= ahead / 4 && self.allocated_bytes - self.size_bytes < ahead / 2 {
+            self.zero_fill(self.size_bytes + ahead);
+        }
+        self.sync()?;
+        self.synced_bytes = self.size_bytes;
+        Ok(())
+    }
+
+    /// Writes zeros from the end of the file to `to`. A failure (a full disk) only means the
+    /// next appends extend the file themselves.
+    fn zero_fill(&mut self, to: u64) {
+        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        while self.allocated_bytes < to {
+            let n = ZEROS.len().min((to - self.allocated_bytes) as usize);
+            if let Err(e) = self.file.write_all_at(&ZEROS[..n], self.allocated_bytes) {
+                debug!(path = %self.path.display(), error = %e, "cannot write zero-filled space ahead of appends");
+                return;
+            }
+            self.allocated_bytes += n as u64;
+        }
+    }
+
+    /// Seals the segment: cuts off any zero-filled space after the data, fsyncs the log, then
+    /// writes both index files.
     ///
     /// The index files are not fsynced: they only spare a scan of the log at the next start,
     /// and one that a crash left short, stale or empty fails its checksum or its checks against
     /// the log and is rebuilt by scanning ([`Segment::open`]). Only the log's own fsync sits on
     /// the path of a roll.
-    pub fn seal(&self) -> Result<(), StoreError> {
+    pub fn seal(&mut self) -> Result<(), StoreError> {
+        if self.allocated_bytes > self.size_bytes {
+            self.file.set_len(self.size_bytes).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+            self.allocated_bytes = self.size_bytes;
+        }
         self.sync()?;
         let mut idx = Vec::new();
         for e in read(&self.index).iter() {
@@ -383,6 +492,8 @@ impl Segment {
         *write(&self.index) = index;
         *write(&self.time_index) = time_index;
         self.size_bytes = len;
+        self.allocated_bytes = len;
+        self.synced_bytes = len;
         self.next_offset = next;
         self.last_indexed_position = Some(last.position);
         // Exact counts and the minimum timestamp are in metadata; here only the bounds matter.
@@ -487,7 +598,7 @@ impl Segment {
         }
         self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
         self.file.sync_all().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
-        let (segment, _) = Segment::open(&self.path, self.base_offset, false)?;
+        let (mut segment, _) = Segment::open(&self.path, self.base_offset, false)?;
         if sealed {
             segment.seal()?;
         }
@@ -953,6 +1064,110 @@ mod tests {
             let got = view.read_batches_from(view.entry_for(from), from, 20_000, ReadMode::MayBlock).unwrap();
             assert_eq!(got.first(), Some(b));
         }
+    }
+
+    #[test]
+    fn small_appends_go_into_zero_filled_space_that_a_seal_or_a_restart_cuts_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 0).unwrap();
+        let file_len = |s: &Segment| fs::metadata(s.path()).unwrap().len();
+        let mut written = Vec::new();
+        let mut grew = 0;
+        for _ in 0..200 {
+            let b = batch(segment.next_offset(), 2, 300);
+            segment.append(&b).unwrap();
+            written.push(b);
+            let before = file_len(&segment);
+            segment.sync_appends().unwrap();
+            let after = file_len(&segment);
+            assert!(after >= segment.size_bytes(), "the data is in the file");
+            assert!(after - segment.size_bytes() <= PREALLOCATE_BYTES_MAX, "{after} bytes of file");
+            if after != before {
+                grew += 1;
+            }
+        }
+        // Most syncs found the file already long enough: their appends overwrote zeros.
+        assert!(grew <= 20, "the file grew at {grew} of 200 syncs");
+        assert!(file_len(&segment) > segment.size_bytes());
+        assert_eq!(read_all(&segment), written);
+
+        // A group larger than a quarter of the space ahead appends without zeros after it.
+        let b = batch(segment.next_offset(), 1, 2 * PREALLOCATE_BYTES_MAX as usize);
+        segment.append(&b).unwrap();
+        written.push(b);
+        segment.sync_appends().unwrap();
+        assert_eq!(file_len(&segment), segment.size_bytes());
+
+        // A crash after zeros were written ahead: the restart drops them and reports them as
+        // such (not as a torn write), and appends continue where the data ends.
+        for _ in 0..3 {
+            let b = batch(segment.next_offset(), 2, 300);
+            segment.append(&b).unwrap();
+            written.push(b);
+            segment.sync_appends().unwrap();
+        }
+        let (path, size) = (segment.path().to_path_buf(), segment.size_bytes());
+        let zeros = file_len(&segment) - size;
+        assert!(zeros > 0);
+        drop(segment);
+        let (mut segment, report) = Segment::open(&path, 0, false).unwrap();
+        assert_eq!((report.valid_bytes, report.truncated_bytes, report.preallocated_bytes), (size, 0, zeros));
+        assert_eq!(file_len(&segment), size);
+        assert_eq!(read_all(&segment), written);
+        let b = batch(segment.next_offset(), 2, 300);
+        segment.append(&b).unwrap();
+        written.push(b);
+        segment.sync_appends().unwrap();
+        assert!(file_len(&segment) > segment.size_bytes());
+
+        // A seal leaves the file exactly as long as its data, and it loads from its indexes.
+        segment.seal().unwrap();
+        assert_eq!(file_len(&segment), segment.size_bytes());
+        let (sealed, report) = Segment::open(&path, 0, true).unwrap();
+        assert!(report.from_index_files);
+        assert_eq!(read_all(&sealed), written);
+    }
+
+    #[test]
+    fn a_group_a_crash_left_with_a_gap_is_cut_from_the_open_segment_and_is_damage_in_a_sealed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 0).unwrap();
+        // Groups of one small batch, until zeros are written ahead of them.
+        let mut acked = Vec::new();
+        while fs::metadata(segment.path()).unwrap().len() == segment.size_bytes() {
+            let b = batch(segment.next_offset(), 1, 100);
+            segment.append(&b).unwrap();
+            acked.push(b);
+            segment.sync_appends().unwrap();
+            assert!(acked.len() < 100, "no zeros written ahead");
+        }
+        let synced = segment.size_bytes();
+        let end = segment.next_offset();
+        // The next group, two batches over a sector long each, into the zeros. A crash during
+        // its fdatasync: the second batch reached the disk, one sector of the first did not.
+        for _ in 0..2 {
+            segment.append(&batch(segment.next_offset(), 2, 700)).unwrap();
+        }
+        let path = segment.path().to_path_buf();
+        drop(segment);
+        let sector = synced.div_ceil(512) * 512;
+        OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[0; 512], sector).unwrap();
+
+        // Taken as sealed (synced whole before it was sealed), the gap is damage in the middle:
+        // reported, never served, and the batch after it kept.
+        let (sealed, report) = Segment::open(&path, 0, true).unwrap();
+        assert_eq!(report.corrupt_ranges.len(), 1, "{report:?}");
+        assert_eq!(report.corrupt_ranges[0].0, synced);
+        assert_eq!(sealed.next_offset(), end + 4);
+        drop(sealed);
+        // As the open segment it is the torn last group: cut, with everything after it.
+        let (open, report) = Segment::open(&path, 0, false).unwrap();
+        assert!(report.corrupt_ranges.is_empty(), "{report:?}");
+        assert_eq!(report.valid_bytes, synced);
+        assert!(report.truncated_bytes > 0);
+        assert_eq!(fs::metadata(&path).unwrap().len(), synced);
+        assert_eq!(open.next_offset(), end);
+        assert_eq!(read_all(&open), acked);
     }
 
     #[test]

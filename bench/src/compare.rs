@@ -174,6 +174,8 @@ mod tests {
             loopback_tcp_mb_per_s: 3000.0,
             write_4k_fdatasync_cpu_us: 50.0,
             loopback_round_trip: latency(&[1; 10]),
+            overwrite_4k_fdatasync: latency(&[1; 10]),
+            overwrite_4k_fdatasync_cpu_us: 40.0,
         };
         let run = |rate: &str| RunResult {
             workload: "w".into(),

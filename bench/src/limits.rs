@@ -2,7 +2,7 @@
 //! broker on this box could reach at best.
 
 use std::fs::OpenOptions;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -37,13 +37,22 @@ pub struct Limits {
     /// request, a 16-byte reply (what any request to a server on this machine costs at least).
     #[serde(default)]
     pub loopback_round_trip: LatencySummary,
+    /// Latency of one 4 KiB write + fdatasync within a file already written (zeros, then
+    /// overwritten in place): no file size or block allocation to commit, how Silt writes the
+    /// small groups of an open segment.
+    #[serde(default)]
+    pub overwrite_4k_fdatasync: LatencySummary,
+    /// CPU time the writing thread spent per 4 KiB overwrite + fdatasync, µs.
+    #[serde(default)]
+    pub overwrite_4k_fdatasync_cpu_us: f64,
 }
 
 /// Measures all limits, writing files under `dir` (the filesystem the systems write to).
 pub fn measure(dir: &Path, each: Duration) -> anyhow::Result<Limits> {
     std::fs::create_dir_all(dir)?;
     let seq = seq_write(dir, each)?;
-    let (small, small_cpu_us) = small_writes(dir, each)?;
+    let (small, small_cpu_us) = small_writes(dir, each, SmallWrites::Append)?;
+    let (over, over_cpu_us) = small_writes(dir, each, SmallWrites::Overwrite)?;
     let tcp = loopback_tcp(each)?;
     let round_trip = loopback_round_trips(each)?;
     Ok(Limits {
@@ -52,8 +61,23 @@ pub fn measure(dir: &Path, each: Duration) -> anyhow::Result<Limits> {
         loopback_tcp_mb_per_s: tcp,
         write_4k_fdatasync_cpu_us: small_cpu_us,
         loopback_round_trip: round_trip.summary(),
+        overwrite_4k_fdatasync: over.summary(),
+        overwrite_4k_fdatasync_cpu_us: over_cpu_us,
     })
 }
+
+/// Where the small writes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SmallWrites {
+    /// At the end of the file, which grows with every write.
+    Append,
+    /// Into a file of [`OVERWRITE_FILE_BYTES`] written and synced first, from its start (and
+    /// round again): the file's size and blocks never change.
+    Overwrite,
+}
+
+/// Size of the file the overwrites go into.
+const OVERWRITE_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 fn pseudo_random(len: usize) -> Vec<u8> {
     // Incompressible enough for a disk that does not compress; no need for a real RNG here.
@@ -95,10 +119,18 @@ fn seq_write(dir: &Path, each: Duration) -> anyhow::Result<f64> {
 
 /// Appends 4 KiB with fdatasync after each for `each` (at most 100,000 writes); returns their
 /// latency and the CPU time this thread spent per write, µs.
-fn small_writes(dir: &Path, each: Duration) -> anyhow::Result<(Latency, f64)> {
+fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result<(Latency, f64)> {
     let path = dir.join("limits-4k.bin");
     let _ = std::fs::remove_file(&path);
     let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
+    if mode == SmallWrites::Overwrite {
+        let zeros = vec![0u8; 1024 * 1024];
+        for _ in 0..OVERWRITE_FILE_BYTES / zeros.len() as u64 {
+            f.write_all(&zeros)?;
+        }
+        f.sync_all()?;
+        f.seek(SeekFrom::Start(0))?;
+    }
     let block = pseudo_random(SMALL_WRITE_BYTES);
     let mut lat = Latency::new();
     let cpu_before = thread_cpu_s()?;
@@ -106,6 +138,9 @@ fn small_writes(dir: &Path, each: Duration) -> anyhow::Result<(Latency, f64)> {
     let mut n = 0;
     while start.elapsed() < each && n < 100_000 {
         let t = Instant::now();
+        if mode == SmallWrites::Overwrite && f.stream_position()? >= OVERWRITE_FILE_BYTES {
+            f.seek(SeekFrom::Start(0))?;
+        }
         f.write_all(&block)?;
         f.sync_data()?;
         lat.record(t.elapsed());
@@ -201,6 +236,8 @@ mod tests {
         assert!(l.loopback_round_trip.count > 0);
         assert!(l.loopback_round_trip.p50_ms > 0.0);
         assert!(l.write_4k_fdatasync_cpu_us >= 0.0 && l.write_4k_fdatasync_cpu_us.is_finite());
+        assert!(l.overwrite_4k_fdatasync.count > 0);
+        assert!(l.overwrite_4k_fdatasync_cpu_us >= 0.0 && l.overwrite_4k_fdatasync_cpu_us.is_finite());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files are removed");
     }
 }

@@ -80,6 +80,7 @@ fn a_short_run_writes_every_figure() {
     assert!(r["limits_end"]["write_4k_fdatasync"]["p99_ms"].as_f64().unwrap() > 0.0);
     assert!(r["limits_end"]["loopback_round_trip"]["p99_ms"].as_f64().unwrap() > 0.0);
     assert!(r["limits_start"]["write_4k_fdatasync_cpu_us"].as_f64().is_some());
+    assert!(r["limits_end"]["overwrite_4k_fdatasync"]["p99_ms"].as_f64().unwrap() > 0.0);
     let runs = r["runs"].as_array().unwrap();
     let silt: Vec<_> = runs.iter().filter(|x| x["system"] == "silt" && x["replication"] == 1).collect();
     assert_eq!(silt.len(), 3, "max, 50% of max and the fixed rate: {text}");
@@ -128,6 +129,7 @@ fn a_short_run_writes_every_figure() {
     for want in [
         "### Limits",
         "| loopback TCP round trip between two threads",
+        "| 4 KiB overwrite + fdatasync",
         "one loopback round trip plus one 4 KiB fdatasync alone",
         "### 1-topic-1-partition-100b",
         "### replay-cold (bucket: local folder)",

@@ -910,7 +910,8 @@ async fn a_fence_on_a_replica_that_holds_nothing_yet_outlives_housekeeping() {
 }
 
 /// Segment files (`*.log`) under `dir` that hold something, every agent's data directory
-/// included (metadata's Raft log is not one), with their sizes.
+/// included (metadata's Raft log is not one), with the bytes of record batches in each (an
+/// open segment's file also holds zero-filled space after them).
 fn segment_files_holding_records(dir: &std::path::Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -921,13 +922,27 @@ fn segment_files_holding_records(dir: &std::path::Path) -> Vec<(String, u64)> {
         if path.is_dir() {
             out.extend(segment_files_holding_records(&path));
         } else if path.extension().is_some_and(|e| e == "log") {
-            let len = entry.metadata().map_or(0, |m| m.len());
+            let len = std::fs::read(&path).map_or(0, |bytes| batches_end(&bytes));
             if len > 0 {
                 out.push((path.display().to_string(), len));
             }
         }
     }
     out
+}
+
+/// Where the record batches at the start of a segment file end: at the first batch header
+/// whose length is zero (zero-filled space) or at the end of the file.
+fn batches_end(file: &[u8]) -> u64 {
+    let mut at = 0usize;
+    while let Some(len) = file.get(at + 8..at + 12) {
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        if len == 0 {
+            break;
+        }
+        at = (at + 12 + len).min(file.len());
+    }
+    at as u64
 }
 
 /// Once a segment is archived, the writer and its followers drop their copies, the last
