@@ -966,14 +966,17 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
         /// Acknowledged groups survive a crash that cuts the active segment anywhere after the
-        /// last acknowledged fsync; what survives of the unacknowledged group is a prefix of it
-        /// at the right offsets, and appends continue right after it.
+        /// last acknowledged fsync, and leaves any of the unacknowledged group's sectors
+        /// unwritten (holding what they held before: the synced data, then zeros); what
+        /// survives of that group is a prefix of it at the right offsets, and appends continue
+        /// right after it.
         #[test]
         fn acknowledged_batches_survive_a_crash_anywhere_after_the_last_sync(
             steps in proptest::collection::vec((group(), any::<bool>()), 1..10),
             unacked in group(),
             crash_at in any::<u64>(),
             zeros_after in any::<bool>(),
+            unwritten_sectors in any::<u8>(),
         ) {
             let dir = tempfile::tempdir().unwrap();
             let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
@@ -1009,6 +1012,13 @@ mod tests {
             drop(log);
             let cut = synced_len + crash_at % (written - synced_len + 1);
             let file = OpenOptions::new().write(true).open(&path).unwrap();
+            for i in (0..8u64).filter(|i| unwritten_sectors & (1 << i) != 0) {
+                let sector = (synced_len / 512 + i) * 512;
+                let (from, to) = (sector.max(synced_len), (sector + 512).min(written));
+                if from < to {
+                    file.write_all_at(&vec![0; (to - from) as usize], from).unwrap();
+                }
+            }
             file.set_len(cut).unwrap();
             if zeros_after {
                 // The space written ahead of the appends reads as zeros after what survived.

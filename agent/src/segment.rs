@@ -207,8 +207,18 @@ impl Segment {
                 }
                 Err(reason) => {
                     let resumes = match self.resync(position, len) {
-                        // A gap in the open segment's last group: torn, not damage.
-                        Some((next, _)) if !sealed && self.zero_sector_in(position, next)? => None,
+                        Some((next, _)) if !sealed && self.is_torn_last_group(position, next, len)? => {
+                            error!(
+                                path = %self.path.display(),
+                                at = position,
+                                resumes_at = next,
+                                %reason,
+                                "a bad batch with an unwritten sector in the last segment: the last group, \
+                                 which a crash left with gaps and was never acknowledged; cutting it and \
+                                 the batches after it"
+                            );
+                            None
+                        }
                         resumes => resumes,
                     };
                     match resumes {
@@ -265,17 +275,52 @@ impl Segment {
         Ok(report)
     }
 
-    /// Whether a whole 512-byte sector (at a multiple of 512) between `from` and `to` is all
-    /// zeros.
-    fn zero_sector_in(&self, from: u64, to: u64) -> Result<bool, StoreError> {
+    /// Whether the bad batch at `from`, with a valid batch after it at `to`, is the last
+    /// group written, with sectors a crash left unwritten (see [`Segment::scan`]): part of it
+    /// reads as the zeros written ahead where no batch can have zeros, and no more than one
+    /// group's bytes follow it (so that damage further back is never taken for one).
+    fn is_torn_last_group(&self, from: u64, to: u64, len: u64) -> Result<bool, StoreError> {
         const SECTOR: u64 = 512;
-        let first = from.div_ceil(SECTOR) * SECTOR;
-        if first + SECTOR > to {
+        // A group is at most GROUP_BYTES_MAX and the batch that crosses it, or a recovery's
+        // copy of a tail.
+        let group_max = (crate::partition_writer::GROUP_BYTES_MAX + BATCH_BYTES_MAX)
+            .max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
+        if self.data_end(len)?.saturating_sub(from) > group_max {
             return Ok(false);
         }
-        let mut buf = vec![0u8; (to - first) as usize];
-        self.file.read_exact_at(&mut buf, first).map_err(|e| StoreError::io(&self.path, "read", e))?;
-        Ok(buf.chunks_exact(SECTOR as usize).any(|sector| sector.iter().all(|&b| b == 0)))
+        let mut buf = vec![0u8; (to - from) as usize];
+        self.file.read_exact_at(&mut buf, from).map_err(|e| StoreError::io(&self.path, "read", e))?;
+        // The rest of the batch's first sector: zeros there are unwritten unless they can be
+        // the start of its header (the high bytes of its base offset and length).
+        let head = ((from.div_ceil(SECTOR) * SECTOR - from) as usize).min(buf.len());
+        let (first, rest) = buf.split_at(head);
+        if !first.is_empty() && first.iter().all(|&b| b == 0) {
+            let expected = self.next_offset.to_be_bytes();
+            let header_like =
+                first.len() < LOG_OVERHEAD && expected.iter().take(first.len()).all(|&b| b == 0);
+            if !header_like {
+                return Ok(true);
+            }
+        }
+        Ok(rest.chunks_exact(SECTOR as usize).any(|sector| sector.iter().all(|&b| b == 0)))
+    }
+
+    /// One past the file's last byte that is not zero.
+    fn data_end(&self, len: u64) -> Result<u64, StoreError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut end = len;
+        while end > 0 {
+            let n = buf.len().min(end as usize);
+            let chunk = &mut buf[..n];
+            self.file
+                .read_exact_at(chunk, end - n as u64)
+                .map_err(|e| StoreError::io(&self.path, "read", e))?;
+            if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
+                return Ok(end - n as u64 + i as u64 + 1);
+            }
+            end -= n as u64;
+        }
+        Ok(0)
     }
 
     /// Whether every byte of the file from `position` to `len` is zero.
@@ -418,10 +463,12 @@ impl Segment {
     /// the log and is rebuilt by scanning ([`Segment::open`]). Only the log's own fsync sits on
     /// the path of a roll.
     pub fn seal(&mut self) -> Result<(), StoreError> {
-        if self.allocated_bytes > self.size_bytes {
+        // By the file's own length: a zero fill that failed midway wrote some of its zeros.
+        let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
+        if len > self.size_bytes {
             self.file.set_len(self.size_bytes).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-            self.allocated_bytes = self.size_bytes;
         }
+        self.allocated_bytes = self.size_bytes;
         self.sync()?;
         let mut idx = Vec::new();
         for e in read(&self.index).iter() {
@@ -1001,16 +1048,17 @@ mod tests {
         // Out of the page cache: a read of the page cache only says the disk is needed (the
         // kernel starts reading the pages in, so only its first answer is certain); a read that
         // may wait reads everything, and then the page cache serves it again.
-        // Dropping pages is advice: a busy kernel may keep some for a moment, so a read that
-        // still found everything cached is tried again.
-        let mut attempts = 0;
+        // Dropping pages is advice: a kernel busy writing back other files may keep them for
+        // a while, so a read that still found everything cached is tried again (for 10 s).
+        let (mut attempts, deadline) = (0, std::time::Instant::now() + std::time::Duration::from_secs(10));
         let err = loop {
             evict(&view.file, 0);
             let r = view.read_batches_from(view.entry_for(150), 150, usize::MAX, ReadMode::CachedOnly);
             attempts += 1;
-            if r.is_err() || attempts == 20 {
+            if r.is_err() || std::time::Instant::now() > deadline {
                 break r;
             }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         };
         assert!(matches!(err, Err(StoreError::NotCached)), "{err:?} after {attempts} attempts");
         let start = IndexEntry { offset: 100, position: 0 };
@@ -1130,44 +1178,92 @@ mod tests {
 
     #[test]
     fn a_group_a_crash_left_with_a_gap_is_cut_from_the_open_segment_and_is_damage_in_a_sealed_one() {
+        // A crash during the fdatasync of a group of two batches written into the zeros: the
+        // second batch reached the disk, and of the first either a whole sector did not, or
+        // the sector it shares with the synced data kept its old bytes (data, then zeros).
+        type Gap = fn(synced: u64) -> (u64, usize);
+        let gaps: [(&str, Gap); 2] = [
+            ("a whole sector", |synced| (synced.div_ceil(512) * 512, 512)),
+            ("the rest of the shared sector", |synced| (synced, (512 - synced % 512) as usize)),
+        ];
+        for (what, gap) in gaps {
+            let dir = tempfile::tempdir().unwrap();
+            let mut segment = Segment::create(dir.path(), 0).unwrap();
+            // Groups of one small batch, until zeros are written ahead of them.
+            let mut acked = Vec::new();
+            let in_sector = |s: &Segment| (64..=448).contains(&(s.size_bytes() % 512));
+            while fs::metadata(segment.path()).unwrap().len() == segment.size_bytes() || !in_sector(&segment)
+            {
+                let b = batch(segment.next_offset(), 1, 100);
+                segment.append(&b).unwrap();
+                acked.push(b);
+                segment.sync_appends().unwrap();
+                assert!(acked.len() < 100, "no zeros written ahead");
+            }
+            let synced = segment.size_bytes();
+            let end = segment.next_offset();
+            for _ in 0..2 {
+                segment.append(&batch(segment.next_offset(), 2, 700)).unwrap();
+            }
+            let path = segment.path().to_path_buf();
+            drop(segment);
+            let (at, len) = gap(synced);
+            OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&vec![0; len], at).unwrap();
+
+            // Taken as sealed (synced whole before it was sealed), the gap is damage in the
+            // middle: reported, never served, and the batch after it kept.
+            let (sealed, report) = Segment::open(&path, 0, true).unwrap();
+            assert_eq!(report.corrupt_ranges.len(), 1, "{what}: {report:?}");
+            assert_eq!(report.corrupt_ranges[0].0, synced, "{what}");
+            assert_eq!(sealed.next_offset(), end + 4, "{what}");
+            drop(sealed);
+            // As the last segment it is the torn last group: cut, with everything after it.
+            let (open, report) = Segment::open(&path, 0, false).unwrap();
+            assert!(report.corrupt_ranges.is_empty(), "{what}: {report:?}");
+            assert_eq!(report.valid_bytes, synced, "{what}");
+            assert!(report.truncated_bytes > 0, "{what}");
+            assert_eq!(fs::metadata(&path).unwrap().len(), synced, "{what}");
+            assert_eq!(open.next_offset(), end, "{what}");
+            assert_eq!(read_all(&open), acked, "{what}");
+        }
+    }
+
+    #[test]
+    fn damage_with_more_than_a_group_after_it_is_never_taken_for_a_torn_group() {
+        // A batch of zeros (a sector of them) early in the last segment, then more than any
+        // group holds: a bit flip in it is damage, and every batch after it stays.
         let dir = tempfile::tempdir().unwrap();
         let mut segment = Segment::create(dir.path(), 0).unwrap();
-        // Groups of one small batch, until zeros are written ahead of them.
-        let mut acked = Vec::new();
-        while fs::metadata(segment.path()).unwrap().len() == segment.size_bytes() {
-            let b = batch(segment.next_offset(), 1, 100);
-            segment.append(&b).unwrap();
-            acked.push(b);
-            segment.sync_appends().unwrap();
-            assert!(acked.len() < 100, "no zeros written ahead");
+        let zeros = RecordBatch::parse(
+            encode_batch(&[NewRecord {
+                timestamp_ms: 1,
+                key: None,
+                value: Some(Bytes::from(vec![0; 4096])),
+                headers: vec![],
+            }])
+            .unwrap(),
+        )
+        .unwrap()
+        .with_offsets(0, 1);
+        segment.append(&zeros).unwrap();
+        let group_max = (crate::partition_writer::GROUP_BYTES_MAX + BATCH_BYTES_MAX) as u64;
+        while segment.size_bytes() <= group_max + 4096 {
+            segment.append(&batch(segment.next_offset(), 1, 4 * 1024 * 1024)).unwrap();
         }
-        let synced = segment.size_bytes();
-        let end = segment.next_offset();
-        // The next group, two batches over a sector long each, into the zeros. A crash during
-        // its fdatasync: the second batch reached the disk, one sector of the first did not.
-        for _ in 0..2 {
-            segment.append(&batch(segment.next_offset(), 2, 700)).unwrap();
-        }
-        let path = segment.path().to_path_buf();
+        segment.sync_appends().unwrap();
+        let (path, end) = (segment.path().to_path_buf(), segment.next_offset());
         drop(segment);
-        let sector = synced.div_ceil(512) * 512;
-        OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&[0; 512], sector).unwrap();
-
-        // Taken as sealed (synced whole before it was sealed), the gap is damage in the middle:
-        // reported, never served, and the batch after it kept.
-        let (sealed, report) = Segment::open(&path, 0, true).unwrap();
-        assert_eq!(report.corrupt_ranges.len(), 1, "{report:?}");
-        assert_eq!(report.corrupt_ranges[0].0, synced);
-        assert_eq!(sealed.next_offset(), end + 4);
-        drop(sealed);
-        // As the open segment it is the torn last group: cut, with everything after it.
+        // The flip, in the batch's CRC-covered bytes after its zeros.
+        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let at = zeros.len_bytes() as u64 - 1;
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, at).unwrap();
+        file.write_all_at(&[byte[0] ^ 1], at).unwrap();
+        drop(file);
         let (open, report) = Segment::open(&path, 0, false).unwrap();
-        assert!(report.corrupt_ranges.is_empty(), "{report:?}");
-        assert_eq!(report.valid_bytes, synced);
-        assert!(report.truncated_bytes > 0);
-        assert_eq!(fs::metadata(&path).unwrap().len(), synced);
+        assert_eq!(report.corrupt_ranges, vec![(0, zeros.len_bytes() as u64)]);
+        assert_eq!(report.truncated_bytes, 0);
         assert_eq!(open.next_offset(), end);
-        assert_eq!(read_all(&open), acked);
     }
 
     #[test]
