@@ -1046,9 +1046,11 @@ mod tests {
             prop_assert_eq!(survivors, &unacked[..survivors.len()]);
             let kept_bytes: u64 = survivors.iter().map(|b| b.len_bytes() as u64).sum();
             let report = reports.last().unwrap();
-            let after_kept = cut - synced_len - kept_bytes + if zeros_after { 4096 } else { 0 };
-            // (A torn start of a batch that is all zeros, such as the high bytes of its offset,
-            // is told from the zeros written ahead by nothing, and counts with them.)
+            // (Zeros where the batch had zeros anyway, such as the high bytes of its offset or
+            // its last record's header count, are told from the zeros written ahead by
+            // nothing: the batch survives whole, or what is cut counts with those zeros.)
+            let file_len = cut + if zeros_after { 4096 } else { 0 };
+            let after_kept = file_len - synced_len - kept_bytes;
             prop_assert_eq!(report.truncated_bytes + report.preallocated_bytes, after_kept);
             let end = read_back.last().map_or(0, RecordBatch::next_offset);
             prop_assert_eq!(log.next_offset(), end);

@@ -50,6 +50,16 @@ pub struct ScanReport {
     pub from_index_files: bool,
 }
 
+/// What a scan may find after the last batch it can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// The file was synced whole: a bad batch with valid ones after it is damage.
+    Synced,
+    /// The last segment file of a partition: its last group may have been cut by a crash
+    /// anywhere, gaps included.
+    MayBeTorn,
+}
+
 /// Location of a batch within a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -148,9 +158,19 @@ impl Segment {
     }
 
     /// Opens an existing segment. A sealed segment with valid index files is loaded from them;
-    /// otherwise (the open segment, or missing indexes) the log is scanned, every batch's CRC
-    /// checked, and a torn tail truncated.
+    /// otherwise (the last segment file of a partition, or missing indexes) the log is scanned,
+    /// every batch's CRC checked, and a torn tail truncated.
     pub fn open(path: &Path, base_offset: u64, sealed: bool) -> Result<(Segment, ScanReport), StoreError> {
+        let tail = if sealed { Tail::Synced } else { Tail::MayBeTorn };
+        Segment::open_with(path, base_offset, sealed, tail)
+    }
+
+    fn open_with(
+        path: &Path,
+        base_offset: u64,
+        sealed: bool,
+        tail: Tail,
+    ) -> Result<(Segment, ScanReport), StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -168,20 +188,20 @@ impl Segment {
             }
             warn!(path = %path.display(), "index files missing or damaged; rebuilding by scanning the log");
         }
-        let report = segment.scan(sealed)?;
+        let report = segment.scan(tail)?;
         Ok((segment, report))
     }
 
     /// Scans the whole file, rebuilding the in-memory state. Truncates a torn tail.
     ///
-    /// In the open segment (`sealed` false) a bad batch is a torn tail, not damage in the
-    /// middle, also when valid batches follow it if one of its 512-byte sectors is all zeros:
+    /// With [`Tail::MayBeTorn`] a bad batch is a torn tail, not damage in the middle, also when
+    /// valid batches follow it, if it is the last group's ([`Segment::is_torn_last_group`]):
     /// small groups overwrite zeros written ahead of them, and a crash during their fdatasync
     /// can leave any of their sectors unwritten (the disk persists them in no set order), so a
     /// later batch of the same never-acknowledged group may have reached the disk when an
     /// earlier one did not. Every earlier group was synced whole, so such a gap can only be in
     /// the last group, and everything from it on goes.
-    fn scan(&mut self, sealed: bool) -> Result<ScanReport, StoreError> {
+    fn scan(&mut self, tail: Tail) -> Result<ScanReport, StoreError> {
         let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
         let mut report = ScanReport::default();
         let mut position = 0u64;
@@ -207,7 +227,9 @@ impl Segment {
                 }
                 Err(reason) => {
                     let resumes = match self.resync(position, len) {
-                        Some((next, _)) if !sealed && self.is_torn_last_group(position, next, len)? => {
+                        Some((next, _))
+                            if tail == Tail::MayBeTorn && self.is_torn_last_group(position, next, len)? =>
+                        {
                             error!(
                                 path = %self.path.display(),
                                 at = position,
@@ -275,52 +297,69 @@ impl Segment {
         Ok(report)
     }
 
-    /// Whether the bad batch at `from`, with a valid batch after it at `to`, is the last
-    /// group written, with sectors a crash left unwritten (see [`Segment::scan`]): part of it
-    /// reads as the zeros written ahead where no batch can have zeros, and no more than one
-    /// group's bytes follow it (so that damage further back is never taken for one).
+    /// Whether the bad batch at `from`, with a valid batch after it at `to`, is part of the
+    /// last group written, with sectors a crash left unwritten (see [`Segment::scan`]): fewer
+    /// bytes than a group holds before its last batch lie between it and the file's last batch
+    /// (so that damage further back is never taken for one), and part of it reads as the zeros
+    /// that were there before: a whole 512-byte sector from it up to the end of the sector
+    /// holding `to`, or the rest of its first sector where that cannot be the start of a batch
+    /// header (the synced data before it shares that sector).
     fn is_torn_last_group(&self, from: u64, to: u64, len: u64) -> Result<bool, StoreError> {
         const SECTOR: u64 = 512;
-        // A group is at most GROUP_BYTES_MAX and the batch that crosses it, or a recovery's
-        // copy of a tail.
-        let group_max = (crate::partition_writer::GROUP_BYTES_MAX + BATCH_BYTES_MAX)
-            .max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
-        if self.data_end(len)?.saturating_sub(from) > group_max {
+        // A writer's group holds batches while it has fewer than GROUP_BYTES_MAX bytes; a
+        // recovery copies a tail in reads of at most REPLICA_READ_BYTES_MAX.
+        let before_last =
+            crate::partition_writer::GROUP_BYTES_MAX.max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
+        if self.last_batch_start(to, len)? - from >= before_last {
             return Ok(false);
         }
-        let mut buf = vec![0u8; (to - from) as usize];
-        self.file.read_exact_at(&mut buf, from).map_err(|e| StoreError::io(&self.path, "read", e))?;
-        // The rest of the batch's first sector: zeros there are unwritten unless they can be
-        // the start of its header (the high bytes of its base offset and length).
-        let head = ((from.div_ceil(SECTOR) * SECTOR - from) as usize).min(buf.len());
-        let (first, rest) = buf.split_at(head);
-        if !first.is_empty() && first.iter().all(|&b| b == 0) {
-            let expected = self.next_offset.to_be_bytes();
-            let header_like =
-                first.len() < LOG_OVERHEAD && expected.iter().take(first.len()).all(|&b| b == 0);
-            if !header_like {
+        let boundary = from.div_ceil(SECTOR) * SECTOR;
+        if boundary > from {
+            let mut first = vec![0u8; (boundary.min(to) - from) as usize];
+            self.file.read_exact_at(&mut first, from).map_err(|e| StoreError::io(&self.path, "read", e))?;
+            if first.iter().all(|&b| b == 0) {
+                let expected = self.next_offset.to_be_bytes();
+                let header_like =
+                    first.len() < LOG_OVERHEAD && expected.iter().take(first.len()).all(|&b| b == 0);
+                if !header_like {
+                    return Ok(true);
+                }
+            }
+        }
+        let end = (to.div_ceil(SECTOR) * SECTOR).min(len);
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut at = boundary;
+        while at + SECTOR <= end {
+            let n = (buf.len() as u64).min((end - at) / SECTOR * SECTOR) as usize;
+            let chunk = &mut buf[..n];
+            self.file.read_exact_at(chunk, at).map_err(|e| StoreError::io(&self.path, "read", e))?;
+            if chunk.chunks_exact(SECTOR as usize).any(|sector| sector.iter().all(|&b| b == 0)) {
                 return Ok(true);
             }
+            at += n as u64;
         }
-        Ok(rest.chunks_exact(SECTOR as usize).any(|sector| sector.iter().all(|&b| b == 0)))
+        Ok(false)
     }
 
-    /// One past the file's last byte that is not zero.
-    fn data_end(&self, len: u64) -> Result<u64, StoreError> {
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut end = len;
-        while end > 0 {
-            let n = buf.len().min(end as usize);
-            let chunk = &mut buf[..n];
-            self.file
-                .read_exact_at(chunk, end - n as u64)
-                .map_err(|e| StoreError::io(&self.path, "read", e))?;
-            if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
-                return Ok(end - n as u64 + i as u64 + 1);
+    /// Where the file's last batch starts, walking from the batch at `at` by the batches'
+    /// lengths and over bad bytes to the next valid batch.
+    fn last_batch_start(&self, mut at: u64, len: u64) -> Result<u64, StoreError> {
+        let mut last = at;
+        let mut head = [0u8; LOG_OVERHEAD];
+        while at + LOG_OVERHEAD as u64 <= len {
+            self.file.read_exact_at(&mut head, at).map_err(|e| StoreError::io(&self.path, "read", e))?;
+            match peek_batch_len(&head) {
+                Some(n) if n <= BATCH_BYTES_MAX && at + n as u64 <= len => {
+                    last = at;
+                    at += n as u64;
+                }
+                _ => match self.resync(at, len) {
+                    Some((next, _)) => at = next,
+                    None => break,
+                },
             }
-            end -= n as u64;
         }
-        Ok(0)
+        Ok(last)
     }
 
     /// Whether every byte of the file from `position` to `len` is zero.
@@ -645,7 +684,8 @@ impl Segment {
         }
         self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
         self.file.sync_all().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
-        let (mut segment, _) = Segment::open(&self.path, self.base_offset, false)?;
+        // Synced up to the cut: whatever is bad in it is damage, not a torn group.
+        let (mut segment, _) = Segment::open_with(&self.path, self.base_offset, false, Tail::Synced)?;
         if sealed {
             segment.seal()?;
         }
@@ -1179,26 +1219,43 @@ mod tests {
     #[test]
     fn a_group_a_crash_left_with_a_gap_is_cut_from_the_open_segment_and_is_damage_in_a_sealed_one() {
         // A crash during the fdatasync of a group of two batches written into the zeros: the
-        // second batch reached the disk, and of the first either a whole sector did not, or
-        // the sector it shares with the synced data kept its old bytes (data, then zeros).
-        type Gap = fn(synced: u64) -> (u64, usize);
-        let gaps: [(&str, Gap); 2] = [
-            ("a whole sector", |synced| (synced.div_ceil(512) * 512, 512)),
-            ("the rest of the shared sector", |synced| (synced, (512 - synced % 512) as usize)),
+        // second batch reached the disk, and one sector of the first did not (it holds what it
+        // held before: the synced data, then zeros). Each case picks where the synced data
+        // ends (`synced`) relative to the first batch's length (`first`).
+        type Case = (&'static str, fn(u64, u64) -> bool, fn(u64, u64) -> (u64, u64));
+        let cases: [Case; 3] = [
+            (
+                "a whole sector",
+                |synced, _| (64..=448).contains(&(synced % 512)),
+                |synced, _| (synced.div_ceil(512) * 512, 512),
+            ),
+            (
+                "the rest of the sector shared with the synced data",
+                |synced, _| (64..=448).contains(&(synced % 512)),
+                |synced, _| (synced, 512 - synced % 512),
+            ),
+            (
+                "the sector holding the end of the first batch and the start of the second",
+                |synced, first| (505..=511).contains(&((synced + first) % 512)),
+                |synced, first| ((synced + first) / 512 * 512, 512),
+            ),
         ];
-        for (what, gap) in gaps {
+        for (what, fits, gap) in cases {
             let dir = tempfile::tempdir().unwrap();
             let mut segment = Segment::create(dir.path(), 0).unwrap();
-            // Groups of one small batch, until zeros are written ahead of them.
+            // Groups of one small batch, until zeros are written ahead and the case fits.
             let mut acked = Vec::new();
-            let in_sector = |s: &Segment| (64..=448).contains(&(s.size_bytes() % 512));
-            while fs::metadata(segment.path()).unwrap().len() == segment.size_bytes() || !in_sector(&segment)
-            {
-                let b = batch(segment.next_offset(), 1, 100);
+            loop {
+                let ahead = fs::metadata(segment.path()).unwrap().len() > segment.size_bytes();
+                let first = batch(segment.next_offset(), 2, 700).len_bytes() as u64;
+                if ahead && fits(segment.size_bytes(), first) {
+                    break;
+                }
+                let b = batch(segment.next_offset(), 1, 100 + acked.len() % 7);
                 segment.append(&b).unwrap();
                 acked.push(b);
                 segment.sync_appends().unwrap();
-                assert!(acked.len() < 100, "no zeros written ahead");
+                assert!(acked.len() < 2000, "{what}: no fitting place");
             }
             let synced = segment.size_bytes();
             let end = segment.next_offset();
@@ -1207,8 +1264,10 @@ mod tests {
             }
             let path = segment.path().to_path_buf();
             drop(segment);
-            let (at, len) = gap(synced);
-            OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&vec![0; len], at).unwrap();
+            let (at, len) = gap(synced, batch(end, 2, 700).len_bytes() as u64);
+            let file = OpenOptions::new().write(true).open(&path).unwrap();
+            file.write_all_at(&vec![0; len as usize], at).unwrap();
+            drop(file);
 
             // Taken as sealed (synced whole before it was sealed), the gap is damage in the
             // middle: reported, never served, and the batch after it kept.
@@ -1246,8 +1305,9 @@ mod tests {
         .unwrap()
         .with_offsets(0, 1);
         segment.append(&zeros).unwrap();
-        let group_max = (crate::partition_writer::GROUP_BYTES_MAX + BATCH_BYTES_MAX) as u64;
-        while segment.size_bytes() <= group_max + 4096 {
+        let group_max =
+            crate::partition_writer::GROUP_BYTES_MAX.max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
+        while segment.size_bytes() <= group_max + 4 * 1024 * 1024 {
             segment.append(&batch(segment.next_offset(), 1, 4 * 1024 * 1024)).unwrap();
         }
         segment.sync_appends().unwrap();
