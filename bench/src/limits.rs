@@ -133,7 +133,7 @@ fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result
     }
     let block = pseudo_random(SMALL_WRITE_BYTES);
     let mut lat = Latency::new();
-    let cpu_before = thread_cpu_s()?;
+    let cpu_before = crate::proc_stats::thread_cpu_s()?;
     let start = Instant::now();
     let mut n = 0;
     while start.elapsed() < each && n < 100_000 {
@@ -146,15 +146,10 @@ fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result
         lat.record(t.elapsed());
         n += 1;
     }
-    let cpu_us = (thread_cpu_s()? - cpu_before) * 1e6 / f64::from(n.max(1));
+    let cpu_us = (crate::proc_stats::thread_cpu_s()? - cpu_before) * 1e6 / f64::from(n.max(1));
     drop(f);
     let _ = std::fs::remove_file(&path);
     Ok((lat, cpu_us))
-}
-
-/// CPU seconds the calling thread has used (`/proc/thread-self/stat`, clock-tick resolution).
-fn thread_cpu_s() -> anyhow::Result<f64> {
-    crate::proc_stats::cpu_s_of("/proc/thread-self/stat")
 }
 
 /// Round trips over one loopback TCP connection (Nagle off) between this thread and another:

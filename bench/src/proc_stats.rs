@@ -42,6 +42,19 @@ fn parse_cpu_ticks(stat: &str) -> Option<f64> {
     Some(utime + stime)
 }
 
+/// CPU seconds the calling thread has used: nanoseconds on the CPU from
+/// `/proc/thread-self/schedstat`, or user + system clock ticks from its `stat` where the kernel
+/// keeps no schedstat.
+pub fn thread_cpu_s() -> anyhow::Result<f64> {
+    let on_cpu_ns = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+    match on_cpu_ns {
+        Some(ns) => Ok(ns as f64 / 1e9),
+        None => cpu_s_of("/proc/thread-self/stat"),
+    }
+}
+
 /// Peak resident memory (`VmHWM`) of a process in bytes.
 pub fn peak_rss_bytes(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");

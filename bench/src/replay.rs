@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use futures::future::try_join_all;
 use object_store::ObjectStore;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Serialize;
 use silt::client::Client;
 
@@ -70,6 +71,16 @@ pub struct ReplayResult {
     pub raw_get_mb_per_s: f64,
     /// replay_object_mb_per_s / raw_get_mb_per_s.
     pub replay_to_get: f64,
+    /// A plain program's GETs of every object, each decoded into Arrow record batches with the
+    /// parquet crate (every column, as DataFusion or pyarrow read the archive) on the blocking
+    /// pool, one task per partition as in the replay (MB/s of objects): what reading the
+    /// archive costs on this machine without serving it.
+    #[serde(default)]
+    pub get_and_decode_mb_per_s: f64,
+    /// CPU seconds of that decoding alone (the decoding threads' own time), per GB of message
+    /// values: the floor of the server's replay CPU per GB.
+    #[serde(default)]
+    pub decode_cpu_s_per_gb: f64,
     /// Server CPU seconds while writing and archiving, per GB of message values.
     pub write_and_archive_cpu_s_per_gb: f64,
     /// Server CPU seconds while replaying, per GB of message values.
@@ -77,6 +88,9 @@ pub struct ReplayResult {
     /// Peak resident memory of the server while replaying, MiB.
     pub replay_peak_rss_mib: f64,
 }
+
+/// Rows per Arrow batch when the plain program decodes an object (the cold reader's too).
+const DECODE_BATCH_ROWS: usize = 8192;
 
 /// Sum of a Prometheus counter over the label sets whose text contains `label` (all if empty).
 pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> u64 {
@@ -233,6 +247,12 @@ pub async fn run(
     }
     r.raw_get_mb_per_s = best;
     r.replay_to_get = r.replay_object_mb_per_s / best.max(f64::MIN_POSITIVE);
+    let decoded = get_and_decode(&store.store, &objects, w.partitions).await?;
+    if decoded.rows != messages {
+        bail!("decoding the archive gave {} rows, not {messages}", decoded.rows);
+    }
+    r.get_and_decode_mb_per_s = decoded.object_bytes as f64 / decoded.seconds / 1e6;
+    r.decode_cpu_s_per_gb = decoded.decode_cpu_s / gb;
     client.delete_topic(topic).await?;
     Ok(r)
 }
@@ -259,6 +279,15 @@ async fn read_partition(
     }
 }
 
+/// The keys of a partition's objects, in the archive listing's order.
+fn partition_keys(objects: &[serde_json::Value], partition: u32) -> Vec<String> {
+    objects
+        .iter()
+        .filter(|o| o["partition"].as_u64() == Some(u64::from(partition)))
+        .filter_map(|o| o["object_key"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// GETs every object once, one task per partition reading its objects in order; MB/s.
 async fn raw_get(
     store: &Arc<dyn ObjectStore>,
@@ -267,11 +296,7 @@ async fn raw_get(
 ) -> anyhow::Result<f64> {
     let start = Instant::now();
     let tasks = (0..partitions).map(|p| {
-        let keys: Vec<String> = objects
-            .iter()
-            .filter(|o| o["partition"].as_u64() == Some(u64::from(p)))
-            .filter_map(|o| o["object_key"].as_str().map(str::to_string))
-            .collect();
+        let keys = partition_keys(objects, p);
         let store = Arc::clone(store);
         async move {
             let mut total = 0u64;
@@ -283,6 +308,62 @@ async fn raw_get(
     });
     let total: u64 = try_join_all(tasks).await?.into_iter().sum();
     Ok(total as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+/// What [`get_and_decode`] measured.
+struct Decoded {
+    rows: u64,
+    object_bytes: u64,
+    seconds: f64,
+    decode_cpu_s: f64,
+}
+
+/// GETs every object, one task per partition reading its objects in order, and decodes each
+/// with the parquet crate on the blocking pool, so that GETs and decoding of different
+/// partitions overlap on both cores as the replay's do.
+async fn get_and_decode(
+    store: &Arc<dyn ObjectStore>,
+    objects: &[serde_json::Value],
+    partitions: u32,
+) -> anyhow::Result<Decoded> {
+    let start = Instant::now();
+    let tasks = (0..partitions).map(|p| {
+        let keys = partition_keys(objects, p);
+        let store = Arc::clone(store);
+        async move {
+            let (mut rows, mut bytes, mut cpu) = (0u64, 0u64, 0.0f64);
+            for k in keys {
+                let object = store.get(&object_store::path::Path::from(k.as_str())).await?.bytes().await?;
+                bytes += object.len() as u64;
+                let (n, s) = tokio::task::spawn_blocking(move || decode_object(object))
+                    .await?
+                    .with_context(|| format!("decoding {k}"))?;
+                rows += n;
+                cpu += s;
+            }
+            anyhow::Ok((rows, bytes, cpu))
+        }
+    });
+    let parts = try_join_all(tasks).await?;
+    Ok(Decoded {
+        rows: parts.iter().map(|p| p.0).sum(),
+        object_bytes: parts.iter().map(|p| p.1).sum(),
+        seconds: start.elapsed().as_secs_f64(),
+        decode_cpu_s: parts.iter().map(|p| p.2).sum(),
+    })
+}
+
+/// Decodes a whole Parquet object into Arrow record batches: rows, and the CPU seconds this
+/// thread spent on it.
+fn decode_object(object: Bytes) -> anyhow::Result<(u64, f64)> {
+    let cpu = crate::proc_stats::thread_cpu_s()?;
+    let reader =
+        ParquetRecordBatchReaderBuilder::try_new(object)?.with_batch_size(DECODE_BATCH_ROWS).build()?;
+    let mut rows = 0u64;
+    for batch in reader {
+        rows += batch?.num_rows() as u64;
+    }
+    Ok((rows, crate::proc_stats::thread_cpu_s()? - cpu))
 }
 
 #[cfg(test)]

@@ -115,6 +115,9 @@ fn a_short_run_writes_every_figure() {
     assert_eq!(replay["random_cold_reads"], 0, "{replay}");
     assert!(replay["parquet_size_ratio"].as_f64().unwrap() > 0.0, "{replay}");
     assert!(replay["raw_get_mb_per_s"].as_f64().unwrap() > 0.0, "{replay}");
+    // A plain program decoded the same objects (it checks it got every row).
+    assert!(replay["get_and_decode_mb_per_s"].as_f64().unwrap() > 0.0, "{replay}");
+    assert!(replay["decode_cpu_s_per_gb"].as_f64().unwrap() > 0.0, "{replay}");
 
     // With the bucket on SeaweedFS's S3 API too, the same figures, next to GETs from there.
     if s3.is_some() {
@@ -133,6 +136,8 @@ fn a_short_run_writes_every_figure() {
         "one loopback round trip plus one 4 KiB fdatasync alone",
         "### 1-topic-1-partition-100b",
         "### replay-cold (bucket: local folder)",
+        "| replay against a plain reader, object bytes per second",
+        "the plain program's Parquet decoding alone",
         "### Targets",
     ] {
         assert!(md.contains(want), "results.md lacks {want}:\n{md}");
