@@ -42,4 +42,17 @@ SILT_TEST_PYTHON=$(./localstack/python-tools.sh)
 export SILT_TEST_PYTHON
 
 echo "== tests"
-cargo nextest run --workspace --locked --no-fail-fast
+status=0
+cargo nextest run --workspace --locked --no-fail-fast || status=$?
+if [[ $status -ne 0 ]]; then
+  # The emulators are stopped (and their logs overwritten by the next start) after this: show
+  # what they logged last, for a failure that was theirs.
+  emulators_dir="${SILT_EMULATORS_DIR:-$HOME/.cache/silt-emulators}"
+  for log in "$emulators_dir/localstack.log" "$emulators_dir/seaweedfs.log"; do
+    if [[ -f $log ]]; then
+      echo "== last lines of $log"
+      tail -n 60 "$log"
+    fi
+  done
+fi
+exit "$status"

@@ -290,9 +290,26 @@ impl SiltDev {
     }
 }
 
+/// Lines of a process's log a failing test prints.
+const LOG_LINES_ON_FAILURE: usize = 80;
+
 impl Drop for SiltDev {
     fn drop(&mut self) {
         self.kill9();
+        // A failing test's output carries what the process logged last, since its data
+        // directory (and the log in it) goes with the test.
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- last {} of {} lines of silt {}'s log ({}):\n{}",
+                LOG_LINES_ON_FAILURE.min(lines.len()),
+                lines.len(),
+                self.command[0],
+                self.log.display(),
+                lines[lines.len().saturating_sub(LOG_LINES_ON_FAILURE)..].join("\n")
+            );
+        }
     }
 }
 
