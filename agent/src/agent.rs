@@ -66,6 +66,8 @@ pub const DLQ_SUFFIX: &str = ".dlq";
 
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the agent measures the disk space its logs take and the space left.
+const DISK_USAGE_INTERVAL: Duration = Duration::from_secs(10);
 /// How soon a writer that failed to start is tried again.
 const START_RETRY_INTERVAL: Duration = Duration::from_millis(200);
 /// The default agent lease.
@@ -351,6 +353,29 @@ pub struct Archive {
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Disk space `<data_dir>/log` and everything in it take as the filesystem allocated them
+/// (as `du` counts; the zeros an open segment keeps ahead of its data included), and the bytes free for this
+/// process on the filesystem of `data_dir` (`None` if it cannot be read). Files that go while
+/// the walk runs (a segment dropped once archived) are skipped.
+fn disk_usage(data_dir: &std::path::Path) -> (u64, Option<u64>) {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(dir: &std::path::Path, total: &mut u64) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            *total += meta.blocks() * 512;
+            if meta.is_dir() {
+                walk(&entry.path(), total);
+            }
+        }
+    }
+    let log = data_dir.join("log");
+    let mut used = std::fs::metadata(&log).map_or(0, |m| m.blocks() * 512);
+    walk(&log, &mut used);
+    let free = rustix::fs::statvfs(data_dir).ok().map(|s| s.f_bavail.saturating_mul(s.f_frsize));
+    (used, free)
 }
 
 /// The id of this agent's data directory: made once (random enough: time and process id),
@@ -650,6 +675,9 @@ impl Agent {
         let supervisor = agent.clone();
         let task = tokio::spawn(async move { supervisor.run_supervisor().await });
         lock(&agent.inner.tasks).push(task);
+        let measurer = agent.clone();
+        let task = tokio::spawn(async move { measurer.run_disk_usage().await });
+        lock(&agent.inner.tasks).push(task);
         Ok(agent)
     }
 
@@ -704,6 +732,28 @@ impl Agent {
                     }
                 }
                 Err(e) => warn!(error = %e, "heartbeat to metadata failed; will retry"),
+            }
+        }
+    }
+
+    /// Measures the disk space of the local logs and the space left, now and every
+    /// [`DISK_USAGE_INTERVAL`], into the metrics.
+    async fn run_disk_usage(&self) {
+        loop {
+            let data_dir = self.inner.config.data_dir.clone();
+            match tokio::task::spawn_blocking(move || disk_usage(&data_dir)).await {
+                Ok((used, free)) => {
+                    let m = &self.inner.metrics;
+                    m.local_log_bytes.set(i64::try_from(used).unwrap_or(i64::MAX));
+                    if let Some(free) = free {
+                        m.disk_free_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
+                    }
+                }
+                Err(e) => warn!(error = %e, "measuring the disk usage failed"),
+            }
+            tokio::select! {
+                () = self.inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(DISK_USAGE_INTERVAL) => {}
             }
         }
     }
@@ -3238,6 +3288,26 @@ mod tests {
 
     fn offsets(records: &[Record]) -> Vec<u64> {
         records.iter().map(|r| r.offset).collect()
+    }
+
+    #[test]
+    fn disk_usage_counts_what_the_files_under_the_log_directory_take() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let partition = dir.path().join("log").join("orders~1").join("0");
+        std::fs::create_dir_all(&partition).expect("mkdir");
+        std::fs::write(partition.join("00000000000000000000.log"), vec![1u8; 10_000]).expect("write");
+        std::fs::write(partition.join("00000000000000000000.index"), vec![2u8; 100]).expect("write");
+        // Zeros written ahead of an open segment's data take space like any other bytes.
+        let open = std::fs::File::create(partition.join("00000000000000000042.log")).expect("create");
+        std::os::unix::fs::FileExt::write_all_at(&open, &vec![0u8; 64 * 1024], 0).expect("write zeros");
+        // Outside `log/`: not the logs'.
+        std::fs::write(dir.path().join("instance"), vec![3u8; 200_000]).expect("write");
+        let (used, free) = disk_usage(dir.path());
+        assert!(used >= 10_000 + 100 + 64 * 1024, "{used}");
+        assert!(used < 200_000, "{used}: counted a file outside log/");
+        assert!(free.is_some_and(|f| f > 0), "{free:?}");
+        // No log directory yet (an agent before its first partition): nothing used.
+        assert_eq!(disk_usage(&dir.path().join("elsewhere")).0, 0);
     }
 
     #[test]

@@ -95,6 +95,11 @@ pub struct Metrics {
     pub writer_handoffs: Counter,
     /// Ensemble repairs this agent ran (it held the sealed segment copied), by outcome.
     pub ensemble_repairs: Family<RepairLabels, Counter>,
+    /// Disk space the agent's local logs take (`<data_dir>/log`: segments, their indexes and
+    /// the zeros open segments keep ahead of their data), as allocated by the filesystem.
+    pub local_log_bytes: Gauge,
+    /// Bytes free for the agent on the filesystem of its data directory.
+    pub disk_free_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -124,6 +129,8 @@ impl Metrics {
         let forwarded = Family::<ForwardLabels, Counter>::default();
         let ensemble_repairs = Family::<RepairLabels, Counter>::default();
         let partitions_written = Gauge::default();
+        let local_log_bytes = Gauge::default();
+        let disk_free_bytes = Gauge::default();
         let registrations = Counter::default();
         let replication_lag_records = Family::<ReplicaLabels, Gauge>::default();
         let replication_lag_ms = Family::<ReplicaLabels, Gauge>::default();
@@ -172,6 +179,18 @@ impl Metrics {
             writer_handoffs.clone(),
         );
         registry.register("partitions_written", "Partitions this agent writes", partitions_written.clone());
+        registry.register_with_unit(
+            "local_log",
+            "Disk space the agent's local logs take (segments, indexes and the zeros open segments keep ahead of their data), measured every 10 s",
+            prometheus_client::registry::Unit::Bytes,
+            local_log_bytes.clone(),
+        );
+        registry.register_with_unit(
+            "disk_free",
+            "Bytes free for the agent on the filesystem of its data directory, measured every 10 s",
+            prometheus_client::registry::Unit::Bytes,
+            disk_free_bytes.clone(),
+        );
         registry.register(
             "registrations",
             "Registrations with metadata: the first, and one after every lapsed lease",
@@ -214,6 +233,8 @@ impl Metrics {
             dead_lettered,
             forwarded,
             partitions_written,
+            local_log_bytes,
+            disk_free_bytes,
             registrations,
             replication_lag_records,
             replication_lag_ms,

@@ -643,6 +643,13 @@ async fn cli_walkthrough_from_the_readme() {
     let metrics = client.metrics().await.expect("metrics");
     assert!(metrics.contains("silt_agent_produce_latency_seconds_bucket"), "{metrics}");
     assert!(metrics.contains("silt_agent_records_in_total{topic=\"orders\"} 2"), "{metrics}");
+    // Disk space: measured since the agent started (every 10 s), free space above zero.
+    assert!(metrics.contains("silt_agent_local_log_bytes "), "{metrics}");
+    let free = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("silt_agent_disk_free_bytes ")?.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no silt_agent_disk_free_bytes in\n{metrics}"));
+    assert!(free > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
