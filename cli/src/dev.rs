@@ -71,6 +71,12 @@ pub struct ColdCacheArgs {
     /// sequential readers (at most half of it). Raise it for many readers replaying at once.
     #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
     pub cache_decoded_bytes: usize,
+    /// A fetch of archived data from the bucket that has not finished after this long gets a
+    /// second, identical request beside it, and the first answer is used (a hedged request:
+    /// one more GET, only for requests that stall on a slow node or a lost connection). Keep
+    /// it well above the bucket's usual latency; "0s" turns hedging off.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub cold_hedge_after: std::time::Duration,
 }
 
 impl ColdCacheArgs {
@@ -81,6 +87,7 @@ impl ColdCacheArgs {
             disk_dir: (self.cache_disk_bytes > 0).then(|| data_dir.join("cache")),
             disk_bytes: self.cache_disk_bytes,
             decoded_memory_bytes: self.cache_decoded_bytes,
+            hedge_after: (!self.cold_hedge_after.is_zero()).then_some(self.cold_hedge_after),
             ..ColdReaderOptions::default()
         }
     }

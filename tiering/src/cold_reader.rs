@@ -19,6 +19,12 @@
 //! with the current one, on another core. A read never waits for a readahead it does not need,
 //! and it gets the same records with or without one.
 //!
+//! A fetch (a row group or a footer) that has not finished after `hedge_after` (1 s by default, far above an
+//! object store's usual answer) gets a second, identical request beside it, and the first to
+//! succeed is used (a hedged request): object stores have a long tail of requests that stall
+//! on a slow node or a lost connection, and a reader should not wait out a client timeout and
+//! retries for one of them. A hedge costs one more GET, and only for the stalled requests.
+//!
 //! Objects are immutable once archived (conditional create), so cached bytes never go stale;
 //! the object size in the key keeps a re-created object at the same key apart.
 
@@ -26,6 +32,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arrow_array::{Array, Int64Array, RecordBatch, TimestampMillisecondArray};
 use bytes::Bytes;
@@ -84,7 +91,14 @@ pub struct ColdReaderOptions {
     /// take decoded) decoded ahead of sequential reads, at most 2 row groups ahead of a read
     /// and never more than half of `decoded_memory_bytes`; 0 turns readahead off.
     pub readahead_bytes: usize,
+    /// A fetch (a row group, or a footer) that has not finished after this long gets a second,
+    /// identical request beside it; the first to succeed is used, the other dropped. `None`
+    /// never hedges.
+    pub hedge_after: Option<Duration>,
 }
+
+/// Default of [`ColdReaderOptions::hedge_after`].
+pub const HEDGE_AFTER_DEFAULT: Duration = Duration::from_secs(1);
 
 impl Default for ColdReaderOptions {
     fn default() -> Self {
@@ -96,6 +110,7 @@ impl Default for ColdReaderOptions {
             footer_memory_bytes: 16 * 1024 * 1024,
             decoded_memory_bytes: DECODED_MEMORY_BYTES_DEFAULT,
             readahead_bytes: 32 * 1024 * 1024,
+            hedge_after: Some(HEDGE_AFTER_DEFAULT),
         }
     }
 }
@@ -130,6 +145,11 @@ pub struct ColdReaderStats {
     pub sequential_reads: u64,
     /// Reads that started anywhere else (a seek).
     pub random_reads: u64,
+    /// Fetches (row groups and footers) that had not finished after `hedge_after` and got a
+    /// second request.
+    pub hedged_fetches: u64,
+    /// Hedged fetches the second request answered first.
+    pub hedge_wins: u64,
 }
 
 impl ColdReaderStats {
@@ -187,6 +207,18 @@ impl ColdReaderStats {
             self.sequential_reads
         );
         let _ = writeln!(out, "silt_tiering_cold_reads_total{{pattern=\"random\"}} {}", self.random_reads);
+        let _ = writeln!(
+            out,
+            "# HELP silt_tiering_cold_hedged_fetches_total Fetches (row groups and footers) that had not finished after the hedge delay and got a second request, by which answered first."
+        );
+        let _ = writeln!(out, "# TYPE silt_tiering_cold_hedged_fetches_total counter");
+        let _ = writeln!(
+            out,
+            "silt_tiering_cold_hedged_fetches_total{{first=\"original\"}} {}",
+            self.hedged_fetches.saturating_sub(self.hedge_wins)
+        );
+        let _ =
+            writeln!(out, "silt_tiering_cold_hedged_fetches_total{{first=\"hedge\"}} {}", self.hedge_wins);
         out
     }
 }
@@ -202,10 +234,52 @@ struct Counters {
     readahead_row_groups: AtomicU64,
     sequential_reads: AtomicU64,
     random_reads: AtomicU64,
+    hedged_fetches: AtomicU64,
+    hedge_wins: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Runs `call`, and if it has not finished after `after`, a second one beside it: the first
+/// to succeed is the answer and the other is dropped (cancelled). When one fails, the other
+/// is waited for; when both fail, the first one's error is returned.
+async fn hedged<T, E, F, Fut>(after: Option<Duration>, counters: &Counters, call: F) -> Result<T, E>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let first = call();
+    let Some(after) = after else { return first.await };
+    tokio::pin!(first);
+    tokio::select! {
+        r = &mut first => return r,
+        () = tokio::time::sleep(after) => {}
+    }
+    bump(&counters.hedged_fetches, 1);
+    bump(&counters.fetches, 1);
+    let second = call();
+    tokio::pin!(second);
+    tokio::select! {
+        r = &mut first => match r {
+            Ok(v) => Ok(v),
+            Err(e) => match second.await {
+                Ok(v) => {
+                    bump(&counters.hedge_wins, 1);
+                    Ok(v)
+                }
+                Err(_) => Err(e),
+            },
+        },
+        r = &mut second => match r {
+            Ok(v) => {
+                bump(&counters.hedge_wins, 1);
+                Ok(v)
+            }
+            Err(_) => first.await,
+        },
+    }
 }
 
 /// Cache key of one row group of one object.
@@ -354,6 +428,7 @@ struct RowGroupSource {
     row_groups: HybridCache<RowGroupKey, RowGroupBytes>,
     fetch_permits: Arc<Semaphore>,
     counters: Arc<Counters>,
+    hedge_after: Option<Duration>,
 }
 
 /// Decodes row groups ahead of sequential reads; see `readahead.rs`.
@@ -461,6 +536,7 @@ impl ColdReader {
                 row_groups,
                 fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
                 counters: Arc::default(),
+                hedge_after: options.hedge_after.filter(|d| !d.is_zero()),
             },
             footers,
             decoded,
@@ -486,6 +562,8 @@ impl ColdReader {
             readahead_row_groups: get(&c.readahead_row_groups),
             sequential_reads: get(&c.sequential_reads),
             random_reads: get(&c.random_reads),
+            hedged_fetches: get(&c.hedged_fetches),
+            hedge_wins: get(&c.hedge_wins),
         }
     }
 
@@ -776,7 +854,10 @@ impl ColdReader {
                         .await
                         .map_err(|e| cache_error("fetch limiter", e))?;
                     bump(&source.counters.fetches, 1);
-                    read_archive_meta_counted(source.store.as_ref(), &path, Some(object_bytes)).await?
+                    hedged(source.hedge_after, &source.counters, || {
+                        read_archive_meta_counted(source.store.as_ref(), &path, Some(object_bytes))
+                    })
+                    .await?
                 };
                 bump(&source.counters.bytes_fetched, bytes);
                 let options = ArrowReaderOptions::new().with_schema(archive_read_schema());
@@ -878,13 +959,14 @@ impl RowGroupSource {
         let fetch = {
             let (store, permits, counters) =
                 (Arc::clone(&self.store), Arc::clone(&self.fetch_permits), Arc::clone(&self.counters));
+            let hedge_after = self.hedge_after;
             async move {
                 let parts = {
+                    // A hedge runs under the same permit: it stands in for a request that stalled.
                     let _permit =
                         permits.acquire_owned().await.map_err(|e| cache_error("fetch limiter", e))?;
                     bump(&counters.fetches, 1);
-                    store
-                        .get_ranges(&path, &ranges)
+                    hedged(hedge_after, &counters, || store.get_ranges(&path, &ranges))
                         .await
                         .map_err(|e| TieringError::object_store("get_ranges", &path, e))?
                 };
@@ -1229,6 +1311,153 @@ mod tests {
         let s = reader.stats();
         assert_eq!((s.footer_misses, s.cache_misses), (1, 1), "{s:?}");
         assert_eq!(stats.snapshot().gets(), 2, "one footer GET and one row group GET for 8 readers");
+    }
+
+    #[tokio::test]
+    async fn a_fetch_that_stalls_is_answered_by_a_hedged_request() {
+        let faulty = Arc::new(FaultInjectingObjectStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            // Only the queued fault below, and it stalls for an hour.
+            FaultConfig { error_rate: 0.0, slow_get_ms: 3_600_000, ..FaultConfig::default() },
+        ));
+        let instrumented = InstrumentedObjectStore::new(Arc::clone(&faulty) as Arc<dyn ObjectStore>);
+        let stats = instrumented.stats();
+        let store: Arc<dyn ObjectStore> = Arc::new(instrumented);
+        let records = random_records(3, 0, 3000);
+        let opts = ArchiveWriterOptions { row_group_rows_max: 500, ..Default::default() };
+        let object = encode_archive(&meta_for(&records), &records, &opts).unwrap();
+        let bytes = object.len() as u64;
+        store.put(&Path::from("o.parquet"), PutPayload::from(object)).await.unwrap();
+        let options = ColdReaderOptions {
+            hedge_after: Some(Duration::from_millis(20)),
+            readahead_bytes: 0,
+            ..ColdReaderOptions::default()
+        };
+        let reader = ColdReader::new(store, options).await.unwrap();
+        // Footer and first row group: answered at once, nothing hedged.
+        assert_eq!(reader.read("o.parquet", bytes, 0, 10).await.unwrap(), expected(&records, 0, 10));
+        assert_eq!((reader.stats().hedged_fetches, stats.snapshot().gets()), (0, 2));
+        // The next request (the one `read` makes first) stalls for an hour unless hedged.
+        let stalled_read = |key: &'static str, bytes: u64, from: u64| {
+            faulty.inject_next(FaultKind::SlowGet);
+            let read = reader.read(key, bytes, from, 10);
+            async move {
+                tokio::time::timeout(Duration::from_secs(60), read)
+                    .await
+                    .unwrap_or_else(|_| panic!("a stalled fetch of {key} was waited out instead of hedged"))
+                    .unwrap()
+            }
+        };
+        // The next row group's request stalls; the hedge beside it answers.
+        assert_eq!(stalled_read("o.parquet", bytes, 2_600).await, expected(&records, 2_600, 10));
+        assert_eq!(faulty.injected(), 1);
+        let s = reader.stats();
+        assert_eq!((s.hedged_fetches, s.hedge_wins, s.cache_misses), (1, 1, 2), "{s:?}");
+        // The store counts answered requests: the hedge's; the stalled one was dropped.
+        assert_eq!(stats.snapshot().gets(), 3);
+        let text = s.encode_prometheus();
+        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{first=\"hedge\"} 1"), "{text}");
+        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{first=\"original\"} 0"), "{text}");
+
+        // A footer fetch that stalls is hedged too.
+        let other = random_records(4, 3000, 1000);
+        let object = encode_archive(&meta_for(&other), &other, &opts).unwrap();
+        let other_bytes = object.len() as u64;
+        reader.source.store.put(&Path::from("p.parquet"), PutPayload::from(object)).await.unwrap();
+        assert_eq!(stalled_read("p.parquet", other_bytes, 3000).await, expected(&other, 3000, 10));
+        assert_eq!(faulty.injected(), 2);
+        let s = reader.stats();
+        assert_eq!((s.footer_misses, s.hedged_fetches, s.hedge_wins), (2, 2, 2), "{s:?}");
+    }
+
+    /// A call of [`hedged`] whose attempts end when the test says, each with its own result.
+    struct Attempts {
+        started: std::sync::atomic::AtomicUsize,
+        release: Vec<Notify>,
+        results: Vec<Result<&'static str, &'static str>>,
+    }
+
+    impl Attempts {
+        fn new(results: Vec<Result<&'static str, &'static str>>) -> Arc<Attempts> {
+            Arc::new(Attempts {
+                started: Default::default(),
+                release: (0..results.len()).map(|_| Notify::new()).collect(),
+                results,
+            })
+        }
+
+        async fn call(self: Arc<Self>) -> Result<&'static str, &'static str> {
+            let i = self.started.fetch_add(1, Ordering::SeqCst);
+            self.release[i].notified().await;
+            self.results[i]
+        }
+
+        /// Starts `hedged` over these attempts on its own task, and waits until `n` of them
+        /// started.
+        async fn start(
+            self: &Arc<Self>,
+            after: Option<Duration>,
+            counters: &Arc<Counters>,
+            n: usize,
+        ) -> tokio::task::JoinHandle<Result<&'static str, &'static str>> {
+            let (a, c) = (Arc::clone(self), Arc::clone(counters));
+            let run = tokio::spawn(async move { hedged(after, &c, || Arc::clone(&a).call()).await });
+            self.wait_started(n).await;
+            run
+        }
+
+        async fn wait_started(&self, n: usize) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while self.started.load(Ordering::SeqCst) < n {
+                assert!(std::time::Instant::now() < deadline, "attempt {n} never started");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hedge_waits_for_the_other_request_when_one_fails_and_both_failing_is_the_first_error() {
+        let after = Some(Duration::from_millis(5));
+        // The original fails after the hedge started: the hedge's answer is used.
+        let attempts = Attempts::new(vec![Err("original failed"), Ok("hedge")]);
+        let counters = Arc::new(Counters::default());
+        let run = attempts.start(after, &counters, 2).await;
+        attempts.release[0].notify_one();
+        attempts.release[1].notify_one();
+        assert_eq!(run.await.unwrap(), Ok("hedge"));
+        assert_eq!(get(&counters.hedged_fetches), 1);
+        assert_eq!(get(&counters.hedge_wins), 1);
+
+        // The hedge fails first: the original's answer is used, and it is no win.
+        let attempts = Attempts::new(vec![Ok("original"), Err("hedge failed")]);
+        let counters = Arc::new(Counters::default());
+        let run = attempts.start(after, &counters, 2).await;
+        attempts.release[1].notify_one();
+        attempts.release[0].notify_one();
+        assert_eq!(run.await.unwrap(), Ok("original"));
+        assert_eq!((get(&counters.hedged_fetches), get(&counters.hedge_wins)), (1, 0));
+
+        // Both fail: the original's error.
+        let attempts = Attempts::new(vec![Err("original failed"), Err("hedge failed")]);
+        let counters = Arc::new(Counters::default());
+        let run = attempts.start(after, &counters, 2).await;
+        attempts.release[0].notify_one();
+        attempts.release[1].notify_one();
+        assert_eq!(run.await.unwrap(), Err("original failed"));
+
+        // Without a delay, never a second request, however long the first takes.
+        let attempts = Attempts::new(vec![Ok("only")]);
+        let counters = Arc::new(Counters::default());
+        let run = attempts.start(None, &counters, 1).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        attempts.release[0].notify_one();
+        assert_eq!(run.await.unwrap(), Ok("only"));
+        assert_eq!(attempts.started.load(Ordering::SeqCst), 1);
+        assert_eq!(get(&counters.hedged_fetches), 0);
+    }
+
+    fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
     }
 
     #[tokio::test]
