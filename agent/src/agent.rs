@@ -357,9 +357,9 @@ fn now_ms() -> u64 {
 
 /// Disk space `<data_dir>/log` and everything in it take as the filesystem allocated them
 /// (as `du` counts; the zeros an open segment keeps ahead of its data included), and the bytes free for this
-/// process on the filesystem of `data_dir` (`None` if it cannot be read). Files that go while
-/// the walk runs (a segment dropped once archived) are skipped.
-fn disk_usage(data_dir: &std::path::Path) -> (u64, Option<u64>) {
+/// process and the size of the filesystem of `data_dir`. Files that go while the walk runs (a
+/// segment dropped once archived) are skipped.
+fn disk_usage(data_dir: &std::path::Path) -> (u64, Result<(u64, u64), rustix::io::Errno>) {
     use std::os::unix::fs::MetadataExt;
     fn walk(dir: &std::path::Path, total: &mut u64) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -374,8 +374,9 @@ fn disk_usage(data_dir: &std::path::Path) -> (u64, Option<u64>) {
     let log = data_dir.join("log");
     let mut used = std::fs::metadata(&log).map_or(0, |m| m.blocks() * 512);
     walk(&log, &mut used);
-    let free = rustix::fs::statvfs(data_dir).ok().map(|s| s.f_bavail.saturating_mul(s.f_frsize));
-    (used, free)
+    let filesystem = rustix::fs::statvfs(data_dir)
+        .map(|s| (s.f_bavail.saturating_mul(s.f_frsize), s.f_blocks.saturating_mul(s.f_frsize)));
+    (used, filesystem)
 }
 
 /// The id of this agent's data directory: made once (random enough: time and process id),
@@ -739,14 +740,25 @@ impl Agent {
     /// Measures the disk space of the local logs and the space left, now and every
     /// [`DISK_USAGE_INTERVAL`], into the metrics.
     async fn run_disk_usage(&self) {
+        let mut warned = false;
         loop {
             let data_dir = self.inner.config.data_dir.clone();
             match tokio::task::spawn_blocking(move || disk_usage(&data_dir)).await {
-                Ok((used, free)) => {
+                Ok((used, filesystem)) => {
                     let m = &self.inner.metrics;
-                    m.local_log_bytes.set(i64::try_from(used).unwrap_or(i64::MAX));
-                    if let Some(free) = free {
-                        m.disk_free_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
+                    let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                    m.local_log_bytes.set(gauge(used));
+                    match filesystem {
+                        Ok((free, size)) => {
+                            m.disk_free_bytes.set(gauge(free));
+                            m.disk_size_bytes.set(gauge(size));
+                        }
+                        // The gauges keep their last values (0 before any): say why, once.
+                        Err(e) if !warned => {
+                            warned = true;
+                            warn!(error = %e, "cannot read the free space of the data directory's filesystem");
+                        }
+                        Err(_) => {}
                     }
                 }
                 Err(e) => warn!(error = %e, "measuring the disk usage failed"),
@@ -3297,15 +3309,17 @@ mod tests {
         std::fs::create_dir_all(&partition).expect("mkdir");
         std::fs::write(partition.join("00000000000000000000.log"), vec![1u8; 10_000]).expect("write");
         std::fs::write(partition.join("00000000000000000000.index"), vec![2u8; 100]).expect("write");
-        // Zeros written ahead of an open segment's data take space like any other bytes.
+        // An open segment with space written ahead of its data (zeros in Silt; a pattern here,
+        // which a filesystem that compresses cannot turn into a hole).
         let open = std::fs::File::create(partition.join("00000000000000000042.log")).expect("create");
-        std::os::unix::fs::FileExt::write_all_at(&open, &vec![0u8; 64 * 1024], 0).expect("write zeros");
+        std::os::unix::fs::FileExt::write_all_at(&open, &vec![0x5au8; 64 * 1024], 0).expect("write");
         // Outside `log/`: not the logs'.
         std::fs::write(dir.path().join("instance"), vec![3u8; 200_000]).expect("write");
-        let (used, free) = disk_usage(dir.path());
+        let (used, filesystem) = disk_usage(dir.path());
         assert!(used >= 10_000 + 100 + 64 * 1024, "{used}");
         assert!(used < 200_000, "{used}: counted a file outside log/");
-        assert!(free.is_some_and(|f| f > 0), "{free:?}");
+        let (free, size) = filesystem.expect("statvfs");
+        assert!(free > 0 && free <= size, "free {free} of {size}");
         // No log directory yet (an agent before its first partition): nothing used.
         assert_eq!(disk_usage(&dir.path().join("elsewhere")).0, 0);
     }

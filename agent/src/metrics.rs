@@ -100,6 +100,8 @@ pub struct Metrics {
     pub local_log_bytes: Gauge,
     /// Bytes free for the agent on the filesystem of its data directory.
     pub disk_free_bytes: Gauge,
+    /// Size of the filesystem of its data directory.
+    pub disk_size_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -131,6 +133,7 @@ impl Metrics {
         let partitions_written = Gauge::default();
         let local_log_bytes = Gauge::default();
         let disk_free_bytes = Gauge::default();
+        let disk_size_bytes = Gauge::default();
         let registrations = Counter::default();
         let replication_lag_records = Family::<ReplicaLabels, Gauge>::default();
         let replication_lag_ms = Family::<ReplicaLabels, Gauge>::default();
@@ -191,6 +194,12 @@ impl Metrics {
             prometheus_client::registry::Unit::Bytes,
             disk_free_bytes.clone(),
         );
+        registry.register_with_unit(
+            "disk_size",
+            "Size of the filesystem of the agent's data directory, measured every 10 s",
+            prometheus_client::registry::Unit::Bytes,
+            disk_size_bytes.clone(),
+        );
         registry.register(
             "registrations",
             "Registrations with metadata: the first, and one after every lapsed lease",
@@ -235,6 +244,7 @@ impl Metrics {
             partitions_written,
             local_log_bytes,
             disk_free_bytes,
+            disk_size_bytes,
             registrations,
             replication_lag_records,
             replication_lag_ms,

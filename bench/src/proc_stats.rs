@@ -44,11 +44,13 @@ fn parse_cpu_ticks(stat: &str) -> Option<f64> {
 
 /// CPU seconds the calling thread has used: nanoseconds on the CPU from
 /// `/proc/thread-self/schedstat`, or user + system clock ticks from its `stat` where the kernel
-/// keeps no schedstat.
+/// keeps no schedstat (no file, or zeros).
 pub fn thread_cpu_s() -> anyhow::Result<f64> {
     let on_cpu_ns = std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        // A kernel that keeps no schedstat information shows zeros.
+        .filter(|ns| *ns > 0);
     match on_cpu_ns {
         Some(ns) => Ok(ns as f64 / 1e9),
         None => cpu_s_of("/proc/thread-self/stat"),

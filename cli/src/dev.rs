@@ -72,9 +72,10 @@ pub struct ColdCacheArgs {
     #[arg(long, default_value_t = silt_tiering::cold_reader::DECODED_MEMORY_BYTES_DEFAULT)]
     pub cache_decoded_bytes: usize,
     /// A fetch of archived data from the bucket that has not finished after this long gets a
-    /// second, identical request beside it, and the first answer is used (a hedged request:
-    /// one more GET, only for requests that stall on a slow node or a lost connection). Keep
-    /// it well above the bucket's usual latency; "0s" turns hedging off.
+    /// second, identical request beside it, and the first success is used (a hedged request:
+    /// one more GET for a request that stalls on a slow node or a lost connection; at most 5%
+    /// of the fetches, and only with a fetch permit free). Keep it well above the bucket's
+    /// usual latency; "0s" turns hedging off.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub cold_hedge_after: std::time::Duration,
 }

@@ -650,6 +650,7 @@ async fn cli_walkthrough_from_the_readme() {
         .find_map(|l| l.strip_prefix("silt_agent_disk_free_bytes ")?.trim().parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no silt_agent_disk_free_bytes in\n{metrics}"));
     assert!(free > 0);
+    assert!(metrics.contains("silt_agent_disk_size_bytes "), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,11 +19,14 @@
 //! with the current one, on another core. A read never waits for a readahead it does not need,
 //! and it gets the same records with or without one.
 //!
-//! A fetch (a row group or a footer) that has not finished after `hedge_after` (1 s by default, far above an
-//! object store's usual answer) gets a second, identical request beside it, and the first to
-//! succeed is used (a hedged request): object stores have a long tail of requests that stall
-//! on a slow node or a lost connection, and a reader should not wait out a client timeout and
-//! retries for one of them. A hedge costs one more GET, and only for the stalled requests.
+//! A fetch (a row group or a footer) that has not finished after `hedge_after` (1 s by
+//! default, far above an object store's usual answer) gets a second, identical request beside
+//! it, and the first to succeed is used (a hedged request): object stores have a long tail of
+//! requests that stall on a slow node or a lost connection, and a reader should not wait out a
+//! client timeout and retries for one of them. A hedge needs a free fetch permit (hedges never
+//! take the store past `concurrency_max` requests) and comes out of a budget of 5% of the
+//! fetches made (at most 10 saved up), so a store that is slow for every request (throttling,
+//! a full link) gets at most 5% more requests, not twice as many.
 //!
 //! Objects are immutable once archived (conditional create), so cached bytes never go stale;
 //! the object size in the key keeps a re-created object at the same key apart.
@@ -92,8 +95,8 @@ pub struct ColdReaderOptions {
     /// and never more than half of `decoded_memory_bytes`; 0 turns readahead off.
     pub readahead_bytes: usize,
     /// A fetch (a row group, or a footer) that has not finished after this long gets a second,
-    /// identical request beside it; the first to succeed is used, the other dropped. `None`
-    /// never hedges.
+    /// identical request beside it, within a budget of 5% of the fetches and when a fetch
+    /// permit is free; the first to succeed is used, the other dropped. `None` never hedges.
     pub hedge_after: Option<Duration>,
 }
 
@@ -148,7 +151,7 @@ pub struct ColdReaderStats {
     /// Fetches (row groups and footers) that had not finished after `hedge_after` and got a
     /// second request.
     pub hedged_fetches: u64,
-    /// Hedged fetches the second request answered first.
+    /// Hedged fetches whose answer came from the hedge.
     pub hedge_wins: u64,
 }
 
@@ -209,16 +212,15 @@ impl ColdReaderStats {
         let _ = writeln!(out, "silt_tiering_cold_reads_total{{pattern=\"random\"}} {}", self.random_reads);
         let _ = writeln!(
             out,
-            "# HELP silt_tiering_cold_hedged_fetches_total Fetches (row groups and footers) that had not finished after the hedge delay and got a second request, by which answered first."
+            "# HELP silt_tiering_cold_hedged_fetches_total Fetches (row groups and footers) that had not finished after the hedge delay and got a second request, by whose answer was used (original when both failed)."
         );
         let _ = writeln!(out, "# TYPE silt_tiering_cold_hedged_fetches_total counter");
         let _ = writeln!(
             out,
-            "silt_tiering_cold_hedged_fetches_total{{first=\"original\"}} {}",
+            "silt_tiering_cold_hedged_fetches_total{{used=\"original\"}} {}",
             self.hedged_fetches.saturating_sub(self.hedge_wins)
         );
-        let _ =
-            writeln!(out, "silt_tiering_cold_hedged_fetches_total{{first=\"hedge\"}} {}", self.hedge_wins);
+        let _ = writeln!(out, "silt_tiering_cold_hedged_fetches_total{{used=\"hedge\"}} {}", self.hedge_wins);
         out
     }
 }
@@ -242,21 +244,68 @@ fn bump(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Runs `call`, and if it has not finished after `after`, a second one beside it: the first
-/// to succeed is the answer and the other is dropped (cancelled). When one fails, the other
-/// is waited for; when both fail, the first one's error is returned.
-async fn hedged<T, E, F, Fut>(after: Option<Duration>, counters: &Counters, call: F) -> Result<T, E>
+/// Thousandths of a hedge each fetch earns: hedges add at most 5% to the fetches made, however
+/// slow the store gets (a store that throttles or a full link slows every request, and
+/// hedging all of them would double the load when it can take the least).
+const HEDGE_MILLIS_PER_FETCH: u64 = 50;
+/// Most hedges saved up for a burst of stalls (and what a reader starts with).
+const HEDGE_BURST: u64 = 10;
+
+/// When a fetch gets a hedge: after `after`, within the budget, with a free fetch permit.
+struct Hedging {
+    after: Duration,
+    /// The reader's fetch permits: a hedge needs one that is free, so hedges never take the
+    /// store past `concurrency_max` requests at once.
+    permits: Arc<Semaphore>,
+    /// Thousandths of a hedge earned and not spent, at most `HEDGE_BURST` whole ones.
+    budget_millis: AtomicU64,
+}
+
+impl Hedging {
+    fn new(after: Duration, permits: Arc<Semaphore>) -> Hedging {
+        Hedging { after, permits, budget_millis: AtomicU64::new(HEDGE_BURST * 1000) }
+    }
+
+    /// A fetch is made: it earns its share of a hedge.
+    fn earn(&self) {
+        let _ = self.budget_millis.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+            Some((b + HEDGE_MILLIS_PER_FETCH).min(HEDGE_BURST * 1000))
+        });
+    }
+
+    /// A free permit for a hedge, if the budget has one whole hedge and a permit is free.
+    fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.budget_millis
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1000))
+            .ok()?;
+        match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                self.budget_millis.fetch_add(1000, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// Runs `call`, and if it has not finished after the hedging delay (and [`Hedging::take`]
+/// allows one), a second one beside it: the first to succeed is the answer and the other is
+/// dropped (cancelled). When one fails, the other is waited for; when both fail, the first
+/// one's error is returned. `None` runs `call` alone.
+async fn hedged<T, E, F, Fut>(hedging: Option<&Hedging>, counters: &Counters, call: F) -> Result<T, E>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
     let first = call();
-    let Some(after) = after else { return first.await };
+    let Some(hedging) = hedging else { return first.await };
+    hedging.earn();
     tokio::pin!(first);
     tokio::select! {
         r = &mut first => return r,
-        () = tokio::time::sleep(after) => {}
+        () = tokio::time::sleep(hedging.after) => {}
     }
+    let Some(_permit) = hedging.take() else { return first.await };
     bump(&counters.hedged_fetches, 1);
     bump(&counters.fetches, 1);
     let second = call();
@@ -428,7 +477,7 @@ struct RowGroupSource {
     row_groups: HybridCache<RowGroupKey, RowGroupBytes>,
     fetch_permits: Arc<Semaphore>,
     counters: Arc<Counters>,
-    hedge_after: Option<Duration>,
+    hedging: Option<Arc<Hedging>>,
 }
 
 /// Decodes row groups ahead of sequential reads; see `readahead.rs`.
@@ -530,14 +579,13 @@ impl ColdReader {
         // What is read ahead lands in the decoded cache: keep it to half of it, so that it does
         // not push out the row group a read is in.
         let readahead_bytes = options.readahead_bytes.min(options.decoded_memory_bytes / 2);
+        let fetch_permits = Arc::new(Semaphore::new(options.concurrency_max));
+        let hedging = options
+            .hedge_after
+            .filter(|d| !d.is_zero())
+            .map(|after| Arc::new(Hedging::new(after, Arc::clone(&fetch_permits))));
         Ok(ColdReader {
-            source: RowGroupSource {
-                store,
-                row_groups,
-                fetch_permits: Arc::new(Semaphore::new(options.concurrency_max)),
-                counters: Arc::default(),
-                hedge_after: options.hedge_after.filter(|d| !d.is_zero()),
-            },
+            source: RowGroupSource { store, row_groups, fetch_permits, counters: Arc::default(), hedging },
             footers,
             decoded,
             readahead: Arc::new(Readahead {
@@ -854,7 +902,7 @@ impl ColdReader {
                         .await
                         .map_err(|e| cache_error("fetch limiter", e))?;
                     bump(&source.counters.fetches, 1);
-                    hedged(source.hedge_after, &source.counters, || {
+                    hedged(source.hedging.as_deref(), &source.counters, || {
                         read_archive_meta_counted(source.store.as_ref(), &path, Some(object_bytes))
                     })
                     .await?
@@ -959,14 +1007,13 @@ impl RowGroupSource {
         let fetch = {
             let (store, permits, counters) =
                 (Arc::clone(&self.store), Arc::clone(&self.fetch_permits), Arc::clone(&self.counters));
-            let hedge_after = self.hedge_after;
+            let hedging = self.hedging.clone();
             async move {
                 let parts = {
-                    // A hedge runs under the same permit: it stands in for a request that stalled.
                     let _permit =
                         permits.acquire_owned().await.map_err(|e| cache_error("fetch limiter", e))?;
                     bump(&counters.fetches, 1);
-                    hedged(hedge_after, &counters, || store.get_ranges(&path, &ranges))
+                    hedged(hedging.as_deref(), &counters, || store.get_ranges(&path, &ranges))
                         .await
                         .map_err(|e| TieringError::object_store("get_ranges", &path, e))?
                 };
@@ -1353,11 +1400,11 @@ mod tests {
         assert_eq!(faulty.injected(), 1);
         let s = reader.stats();
         assert_eq!((s.hedged_fetches, s.hedge_wins, s.cache_misses), (1, 1, 2), "{s:?}");
-        // The store counts answered requests: the hedge's; the stalled one was dropped.
-        assert_eq!(stats.snapshot().gets(), 3);
+        // The store counts both requests, the dropped one too: the bucket got (and bills) it.
+        assert_eq!(stats.snapshot().gets(), 4);
         let text = s.encode_prometheus();
-        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{first=\"hedge\"} 1"), "{text}");
-        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{first=\"original\"} 0"), "{text}");
+        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{used=\"hedge\"} 1"), "{text}");
+        assert!(text.contains("silt_tiering_cold_hedged_fetches_total{used=\"original\"} 0"), "{text}");
 
         // A footer fetch that stalls is hedged too.
         let other = random_records(4, 3000, 1000);
@@ -1396,12 +1443,13 @@ mod tests {
         /// started.
         async fn start(
             self: &Arc<Self>,
-            after: Option<Duration>,
+            hedging: Option<Hedging>,
             counters: &Arc<Counters>,
             n: usize,
         ) -> tokio::task::JoinHandle<Result<&'static str, &'static str>> {
             let (a, c) = (Arc::clone(self), Arc::clone(counters));
-            let run = tokio::spawn(async move { hedged(after, &c, || Arc::clone(&a).call()).await });
+            let run =
+                tokio::spawn(async move { hedged(hedging.as_ref(), &c, || Arc::clone(&a).call()).await });
             self.wait_started(n).await;
             run
         }
@@ -1417,11 +1465,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_hedge_waits_for_the_other_request_when_one_fails_and_both_failing_is_the_first_error() {
-        let after = Some(Duration::from_millis(5));
+        let after = || Some(Hedging::new(Duration::from_millis(5), Arc::new(Semaphore::new(8))));
         // The original fails after the hedge started: the hedge's answer is used.
         let attempts = Attempts::new(vec![Err("original failed"), Ok("hedge")]);
         let counters = Arc::new(Counters::default());
-        let run = attempts.start(after, &counters, 2).await;
+        let run = attempts.start(after(), &counters, 2).await;
         attempts.release[0].notify_one();
         attempts.release[1].notify_one();
         assert_eq!(run.await.unwrap(), Ok("hedge"));
@@ -1431,7 +1479,7 @@ mod tests {
         // The hedge fails first: the original's answer is used, and it is no win.
         let attempts = Attempts::new(vec![Ok("original"), Err("hedge failed")]);
         let counters = Arc::new(Counters::default());
-        let run = attempts.start(after, &counters, 2).await;
+        let run = attempts.start(after(), &counters, 2).await;
         attempts.release[1].notify_one();
         attempts.release[0].notify_one();
         assert_eq!(run.await.unwrap(), Ok("original"));
@@ -1440,20 +1488,51 @@ mod tests {
         // Both fail: the original's error.
         let attempts = Attempts::new(vec![Err("original failed"), Err("hedge failed")]);
         let counters = Arc::new(Counters::default());
-        let run = attempts.start(after, &counters, 2).await;
+        let run = attempts.start(after(), &counters, 2).await;
         attempts.release[0].notify_one();
         attempts.release[1].notify_one();
         assert_eq!(run.await.unwrap(), Err("original failed"));
 
-        // Without a delay, never a second request, however long the first takes.
-        let attempts = Attempts::new(vec![Ok("only")]);
-        let counters = Arc::new(Counters::default());
-        let run = attempts.start(None, &counters, 1).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        attempts.release[0].notify_one();
-        assert_eq!(run.await.unwrap(), Ok("only"));
-        assert_eq!(attempts.started.load(Ordering::SeqCst), 1);
-        assert_eq!(get(&counters.hedged_fetches), 0);
+        // Without hedging, or without a free fetch permit, never a second request, however
+        // long the first takes (watched for 50 times the delay).
+        let no_permit = Hedging::new(Duration::from_millis(1), Arc::new(Semaphore::new(0)));
+        for hedging in [None, Some(no_permit)] {
+            let attempts = Attempts::new(vec![Ok("only")]);
+            let counters = Arc::new(Counters::default());
+            let run = attempts.start(hedging, &counters, 1).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            attempts.release[0].notify_one();
+            assert_eq!(run.await.unwrap(), Ok("only"));
+            assert_eq!(attempts.started.load(Ordering::SeqCst), 1);
+            assert_eq!(get(&counters.hedged_fetches), 0);
+        }
+    }
+
+    #[test]
+    fn hedges_come_out_of_a_budget_of_a_twentieth_of_the_fetches_and_need_a_free_permit() {
+        let permits = Arc::new(Semaphore::new(100));
+        let hedging = Hedging::new(Duration::from_secs(1), Arc::clone(&permits));
+        // A burst of stalls gets HEDGE_BURST hedges, then none.
+        let burst: Vec<_> = (0..HEDGE_BURST).map(|_| hedging.take().expect("a hedge of the burst")).collect();
+        assert!(hedging.take().is_none());
+        assert_eq!(permits.available_permits(), 100 - HEDGE_BURST as usize);
+        drop(burst);
+        // Then one hedge per 20 fetches.
+        for _ in 0..19 {
+            hedging.earn();
+        }
+        assert!(hedging.take().is_none(), "19 fetches do not earn a hedge");
+        hedging.earn();
+        assert!(hedging.take().is_some(), "20 fetches earn one");
+        // Saving stops at the burst.
+        for _ in 0..10_000 {
+            hedging.earn();
+        }
+        assert_eq!((0..HEDGE_BURST + 5).filter_map(|_| hedging.take()).count() as u64, HEDGE_BURST);
+        // With the budget there but no free permit, no hedge, and the budget is kept.
+        let none_free = Hedging::new(Duration::from_secs(1), Arc::new(Semaphore::new(0)));
+        assert!(none_free.take().is_none());
+        assert_eq!(none_free.budget_millis.load(Ordering::Relaxed), HEDGE_BURST * 1000);
     }
 
     fn get(counter: &AtomicU64) -> u64 {

@@ -1,6 +1,7 @@
 //! An object store wrapper that counts requests and bytes.
 //!
-//! Counts every call that reaches the wrapped store by kind, its errors, the bytes sent
+//! Counts every call that reaches the wrapped store by kind (when it is made, so a call dropped
+//! before its answer counts too), its errors, the bytes sent
 //! (`out`: PUT bodies and multipart parts) and the bytes received (`in`: the ranges GETs
 //! return, counted when the response starts). Put it *inside* a
 //! [`crate::RetryingObjectStore`] to count every attempt, outside to count calls.
@@ -237,8 +238,14 @@ impl ObjectStoreStats {
         out
     }
 
-    fn count<R>(&self, op: ObjectOp, n: u64, result: &object_store::Result<R>) {
+    /// Counts requests as they are sent, so that one dropped before its answer (the losing
+    /// request of a hedged pair, a caller that gave up) is counted too: the store got it.
+    fn start(&self, op: ObjectOp, n: u64) {
         self.requests[op.index()].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a request's error once it has answered.
+    fn finish<R>(&self, op: ObjectOp, result: &object_store::Result<R>) {
         if result.is_err() {
             self.errors[op.index()].fetch_add(1, Ordering::Relaxed);
         }
@@ -297,8 +304,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         let len = payload.content_length() as u64;
+        self.stats.start(ObjectOp::Put, 1);
         let result = self.inner.put_opts(location, payload, opts).await;
-        self.stats.count(ObjectOp::Put, 1, &result);
+        self.stats.finish(ObjectOp::Put, &result);
         if result.is_ok() {
             self.stats.add_out(len);
         }
@@ -310,8 +318,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.stats.start(ObjectOp::MultipartCreate, 1);
         let result = self.inner.put_multipart_opts(location, opts).await;
-        self.stats.count(ObjectOp::MultipartCreate, 1, &result);
+        self.stats.finish(ObjectOp::MultipartCreate, &result);
         let upload = result?;
         Ok(Box::new(InstrumentedUpload { inner: upload, stats: Arc::clone(&self.stats) }))
     }
@@ -324,8 +333,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
         } else {
             ObjectOp::Get
         };
+        self.stats.start(op, 1);
         let result = self.inner.get_opts(location, options).await;
-        self.stats.count(op, 1, &result);
+        self.stats.finish(op, &result);
         if let (Ok(r), false) = (&result, op == ObjectOp::Head) {
             self.stats.add_in(r.range.end.saturating_sub(r.range.start));
         }
@@ -333,8 +343,9 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
     }
 
     async fn get_range(&self, location: &Path, range: Range<u64>) -> object_store::Result<Bytes> {
+        self.stats.start(ObjectOp::GetRange, 1);
         let result = self.inner.get_range(location, range).await;
-        self.stats.count(ObjectOp::GetRange, 1, &result);
+        self.stats.finish(ObjectOp::GetRange, &result);
         if let Ok(b) = &result {
             self.stats.add_in(b.len() as u64);
         }
@@ -342,9 +353,10 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
-        let result = self.inner.get_ranges(location, ranges).await;
         // One call, however many ranges: the store may coalesce them into fewer requests.
-        self.stats.count(ObjectOp::GetRange, 1, &result);
+        self.stats.start(ObjectOp::GetRange, 1);
+        let result = self.inner.get_ranges(location, ranges).await;
+        self.stats.finish(ObjectOp::GetRange, &result);
         if let Ok(parts) = &result {
             self.stats.add_in(parts.iter().map(|b| b.len() as u64).sum());
         }
@@ -352,19 +364,21 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
     }
 
     async fn head(&self, location: &Path) -> object_store::Result<ObjectMeta> {
+        self.stats.start(ObjectOp::Head, 1);
         let result = self.inner.head(location).await;
-        self.stats.count(ObjectOp::Head, 1, &result);
+        self.stats.finish(ObjectOp::Head, &result);
         result
     }
 
     async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        self.stats.start(ObjectOp::Delete, 1);
         let result = self.inner.delete(location).await;
-        self.stats.count(ObjectOp::Delete, 1, &result);
+        self.stats.finish(ObjectOp::Delete, &result);
         result
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.stats.count::<()>(ObjectOp::List, 1, &Ok(()));
+        self.stats.start(ObjectOp::List, 1);
         self.inner.list(prefix)
     }
 
@@ -373,25 +387,28 @@ impl<T: ObjectStore + ?Sized> ObjectStore for InstrumentedObjectStore<T> {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.stats.count::<()>(ObjectOp::List, 1, &Ok(()));
+        self.stats.start(ObjectOp::List, 1);
         self.inner.list_with_offset(prefix, offset)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.stats.start(ObjectOp::List, 1);
         let result = self.inner.list_with_delimiter(prefix).await;
-        self.stats.count(ObjectOp::List, 1, &result);
+        self.stats.finish(ObjectOp::List, &result);
         result
     }
 
     async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.stats.start(ObjectOp::Copy, 1);
         let result = self.inner.copy(from, to).await;
-        self.stats.count(ObjectOp::Copy, 1, &result);
+        self.stats.finish(ObjectOp::Copy, &result);
         result
     }
 
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        self.stats.start(ObjectOp::Copy, 1);
         let result = self.inner.copy_if_not_exists(from, to).await;
-        self.stats.count(ObjectOp::Copy, 1, &result);
+        self.stats.finish(ObjectOp::Copy, &result);
         result
     }
 }
@@ -408,9 +425,10 @@ impl MultipartUpload for InstrumentedUpload {
         let len = data.content_length() as u64;
         let stats = Arc::clone(&self.stats);
         let part = self.inner.put_part(data);
+        stats.start(ObjectOp::PutPart, 1);
         Box::pin(async move {
             let result = part.await;
-            stats.count(ObjectOp::PutPart, 1, &result);
+            stats.finish(ObjectOp::PutPart, &result);
             if result.is_ok() {
                 stats.add_out(len);
             }
@@ -419,14 +437,16 @@ impl MultipartUpload for InstrumentedUpload {
     }
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.stats.start(ObjectOp::MultipartComplete, 1);
         let result = self.inner.complete().await;
-        self.stats.count(ObjectOp::MultipartComplete, 1, &result);
+        self.stats.finish(ObjectOp::MultipartComplete, &result);
         result
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {
+        self.stats.start(ObjectOp::MultipartAbort, 1);
         let result = self.inner.abort().await;
-        self.stats.count(ObjectOp::MultipartAbort, 1, &result);
+        self.stats.finish(ObjectOp::MultipartAbort, &result);
         result
     }
 }
