@@ -66,6 +66,26 @@ pub const DLQ_SUFFIX: &str = ".dlq";
 
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
+/// A read still running after this long logs where it is, and again after each further period.
+const SLOW_READ_WARN_AFTER: Duration = Duration::from_secs(20);
+
+/// Where a read is, and at which offset, for [`Agent::read`]'s warning about slow reads.
+struct ReadStage(Mutex<(&'static str, u64)>);
+
+impl ReadStage {
+    fn new(offset: u64) -> ReadStage {
+        ReadStage(Mutex::new(("starting", offset)))
+    }
+
+    fn set(&self, stage: &'static str, offset: u64) {
+        *lock(&self.0) = (stage, offset);
+    }
+
+    fn get(&self) -> (&'static str, u64) {
+        *lock(&self.0)
+    }
+}
+
 /// How often the agent measures the disk space its logs take and the space left.
 const DISK_USAGE_INTERVAL: Duration = Duration::from_secs(10);
 /// How soon a writer that failed to start is tried again.
@@ -1606,12 +1626,42 @@ impl Agent {
         limit: ReadLimit,
         forwarded: bool,
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
+        // A read that takes this long says where it is, every SLOW_READ_WARN_AFTER, until it ends.
+        let stage = ReadStage::new(offset);
+        let read = self.read_staged(topic, partition, offset, limit, forwarded, &stage);
+        tokio::pin!(read);
+        let started = Instant::now();
+        loop {
+            tokio::select! {
+                r = &mut read => return r,
+                () = tokio::time::sleep(SLOW_READ_WARN_AFTER) => {
+                    let (at, next) = stage.get();
+                    warn!(
+                        topic, partition, offset, stage = at, next_offset = next,
+                        elapsed_ms = started.elapsed().as_millis() as u64, "a read is still running"
+                    );
+                }
+            }
+        }
+    }
+
+    async fn read_staged(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        limit: ReadLimit,
+        forwarded: bool,
+        stage: &ReadStage,
+    ) -> Result<(Vec<Record>, u64, u64), ApiError> {
         let limit = ReadLimit { records: limit.records.max(1), ..limit };
+        stage.set("finding the partition's writer", offset);
         let reader = match self.target(topic, partition, forwarded).await? {
             Target::Local(handle) => Arc::clone(handle.reader()),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 self.count_forwarded("read");
+                stage.set("reading from the writer", offset);
                 let answer = self.inner.peers.read(peer, topic, partition, offset, limit).await?;
                 // The writer returns its first record whatever its size; this read may not.
                 let mut page = Page::new(offset);
@@ -1650,6 +1700,7 @@ impl Agent {
                     // At least one record, so that an empty answer means there is nothing
                     // there: whether it fits is for `fill` to say.
                     let ask = ReadLimit { at_least_one: true, ..rest };
+                    stage.set("reading unarchived segments other agents hold", next);
                     let got = match self.read_elsewhere(topic, partition, next, ask, &ensemble).await {
                         Ok(got) => got,
                         // The holders may have dropped it because it is archived by now, which this
@@ -1670,6 +1721,7 @@ impl Agent {
                 let Some(cold) = &self.inner.cold else { break };
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
+                        stage.set("starting on the next archived object", next);
                         self.read_ahead_next_object(
                             cold,
                             topic,
@@ -1680,6 +1732,7 @@ impl Agent {
                             next,
                         )
                         .await;
+                        stage.set("reading archived data", next);
                         let got = cold
                             .read_limited(
                                 &object_key,
@@ -1713,6 +1766,7 @@ impl Agent {
                 self.inner.metrics.records_out.get_or_create(&labels).inc_by(page.records.len() as u64);
                 return Ok((page.records, page.next, reader.high_watermark()));
             }
+            stage.set("reading the local log", page.next);
             match read_hot(Arc::clone(&reader), page.next, page.rest(&limit)).await {
                 Ok((hot, next, hwm, bytes)) => {
                     let mut records = page.records;
