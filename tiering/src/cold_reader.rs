@@ -1494,16 +1494,20 @@ mod tests {
         assert_eq!(run.await.unwrap(), Err("original failed"));
 
         // Without hedging, or without a free fetch permit, never a second request, however
-        // long the first takes (watched for 50 times the delay).
+        // long the first takes (a request that answers after 50 times the delay).
         let no_permit = Hedging::new(Duration::from_millis(1), Arc::new(Semaphore::new(0)));
         for hedging in [None, Some(no_permit)] {
-            let attempts = Attempts::new(vec![Ok("only")]);
-            let counters = Arc::new(Counters::default());
-            let run = attempts.start(hedging, &counters, 1).await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            attempts.release[0].notify_one();
-            assert_eq!(run.await.unwrap(), Ok("only"));
-            assert_eq!(attempts.started.load(Ordering::SeqCst), 1);
+            let started = std::sync::atomic::AtomicUsize::new(0);
+            let counters = Counters::default();
+            let slow_request = || {
+                started.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, &str>("only")
+                }
+            };
+            assert_eq!(hedged(hedging.as_ref(), &counters, slow_request).await, Ok("only"));
+            assert_eq!(started.load(Ordering::SeqCst), 1);
             assert_eq!(get(&counters.hedged_fetches), 0);
         }
     }
