@@ -495,6 +495,12 @@ impl Readahead {
 }
 
 /// Releases a row group's readahead budget when its decode ends, however it ends.
+///
+/// Its drop takes the planner's mutex, so it must never be dropped inside the decoded cache:
+/// the cache drops fetch futures it does not run while it holds its shard lock, and a thread
+/// holding the planner's mutex while waiting for that shard lock would then wait forever (a
+/// whole agent froze that way). Only the task [`ColdReader::start_read_ahead`] spawns owns
+/// one, and the planner's mutex is a leaf: nothing is called while it is held.
 struct ReadaheadSlot {
     readahead: Arc<Readahead>,
     planned: PlannedRowGroup,
@@ -716,7 +722,9 @@ impl ColdReader {
     /// waits for that decode instead of starting another, and it runs to its end even when no
     /// read waits for it.
     fn read_ahead(&self, object_key: &str, object_bytes: u64, footer: &Arc<Footer>, current: usize) {
-        self.start_read_ahead(object_key, object_bytes, footer, |planner, is_decoded| {
+        let first = current.saturating_add(1);
+        let candidates = first..first.saturating_add(ROW_GROUPS_AHEAD_MAX);
+        self.start_read_ahead(object_key, object_bytes, footer, candidates, |planner, is_decoded| {
             planner.plan(object_key, object_bytes, current, &footer.row_group_bytes, is_decoded)
         });
     }
@@ -758,7 +766,7 @@ impl ColdReader {
         then_bytes: u64,
     ) -> Result<(), TieringError> {
         let then = self.footer(then_key, then_bytes).await?;
-        self.start_read_ahead(then_key, then_bytes, &then, |planner, is_decoded| {
+        self.start_read_ahead(then_key, then_bytes, &then, 0..1, |planner, is_decoded| {
             planner.plan_next_object(
                 then_key,
                 then_bytes,
@@ -770,13 +778,18 @@ impl ColdReader {
         Ok(())
     }
 
-    /// Starts decoding the row groups of `object_key` that `plan` picks, each on the decoded
-    /// cache's own task (see [`ColdReader::read_ahead`]).
+    /// Starts decoding the row groups of `object_key` that `plan` picks among `candidates`,
+    /// each on a task of its own (see [`ColdReader::read_ahead`]).
+    ///
+    /// Lock order: the cache is asked which candidates it holds (taking its shard lock) before
+    /// the planner's mutex is taken, and nothing is called under that mutex; a stale answer at
+    /// worst starts a readahead that finds the row group in the cache.
     fn start_read_ahead(
         &self,
         object_key: &str,
         object_bytes: u64,
         footer: &Arc<Footer>,
+        candidates: Range<usize>,
         plan: impl FnOnce(&mut ReadaheadPlanner, &dyn Fn(usize) -> bool) -> Vec<PlannedRowGroup>,
     ) {
         let key = |rg: usize| RowGroupKey {
@@ -784,25 +797,37 @@ impl ColdReader {
             object_bytes,
             row_group: u32::try_from(rg).unwrap_or(u32::MAX),
         };
-        let planned = plan(&mut self.readahead.planner(), &|rg| self.decoded.contains(&key(rg)));
+        let end = candidates.end.min(footer.row_group_bytes.len());
+        let cached: Vec<usize> =
+            (candidates.start..end).filter(|&rg| self.decoded.contains(&key(rg))).collect();
+        let planned = {
+            let mut planner = self.readahead.planner();
+            plan(&mut planner, &|rg| cached.contains(&rg))
+        };
         for planned in planned {
             let rg = planned.row_group;
             let slot = ReadaheadSlot { readahead: Arc::clone(&self.readahead), planned };
             let Ok(row_group) = u32::try_from(rg) else { continue };
             bump(&self.source.counters.readahead_row_groups, 1);
             let (source, footer, key) = (self.source.clone(), Arc::clone(footer), key(rg));
-            let fetch_key = key.clone();
-            let fetch = async move {
-                let _slot = slot;
-                let decoded = source.decode(&fetch_key, &footer, row_group, true, true).await;
-                if let Err(e) = &decoded {
-                    // The read that needs this row group fetches it again and reports the error.
-                    debug!(object = %fetch_key.object_key, row_group, error = %e, "readahead failed");
-                }
-                decoded.map(Arc::new).map_err(|e| std::io::Error::other(e.to_string()))
-            };
-            // The cache runs the fetch on its own task; nothing waits for it here.
-            drop(self.decoded.get_or_fetch(&key, move || fetch));
+            let cache = self.decoded.clone();
+            // The slot lives in this task, never in the future handed to the cache (see
+            // `ReadaheadSlot`), and is released once the row group is in the cache or failed.
+            tokio::spawn(async move {
+                let fetch_key = key.clone();
+                let fetch = async move {
+                    let decoded = source.decode(&fetch_key, &footer, row_group, true, true).await;
+                    if let Err(e) = &decoded {
+                        // The read that needs this row group fetches it again and reports it.
+                        debug!(object = %fetch_key.object_key, row_group, error = %e, "readahead failed");
+                    }
+                    decoded.map(Arc::new).map_err(|e| std::io::Error::other(e.to_string()))
+                };
+                // The outcome is the cache's: a read that needs the row group finds it there,
+                // or fetches it again and reports the error.
+                let _outcome = cache.get_or_fetch(&key, move || fetch).await;
+                drop(slot);
+            });
         }
     }
 
@@ -1588,6 +1613,49 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(30), reader.readahead_drained())
             .await
             .expect("the readahead finishes");
+    }
+
+    /// Eight sequential readers of one object at once, from its start, in byte-limited pages,
+    /// thirty rounds each with a fresh reader (nothing decoded yet): they meet each other's
+    /// readahead in the decoded cache all the time (hits, fetches in flight). The runtime runs
+    /// on a thread of its own so that a reader frozen on a lock (which no timeout inside the
+    /// runtime can end) fails the test at its deadline instead of hanging it.
+    #[test]
+    fn concurrent_sequential_readers_never_freeze_the_reader() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            runtime.block_on(async {
+                let f = fixture(0).await;
+                for round in 0..30 {
+                    let reader = Arc::new(reader_with(&f, 4 * 1024 * 1024, 8 * 1024 * 1024).await);
+                    let mut readers = tokio::task::JoinSet::new();
+                    for r in 0..8usize {
+                        let (reader, key, bytes) = (Arc::clone(&reader), f.key.clone(), f.object_bytes);
+                        readers.spawn(async move {
+                            let (mut from, mut got) = (0u64, 0usize);
+                            while got < 10_000 {
+                                let page = reader
+                                    .read_limited(&key, bytes, from, 700 + 97 * r, 64 * 1024, true)
+                                    .await
+                                    .unwrap();
+                                assert_eq!(page.first().map(|rec| rec.offset), Some(from));
+                                got += page.len();
+                                from += page.len() as u64;
+                            }
+                            got
+                        });
+                    }
+                    while let Some(got) = readers.join_next().await {
+                        assert_eq!(got.unwrap(), 10_000, "round {round}");
+                    }
+                    drained(&reader).await;
+                }
+            });
+            done_tx.send(()).unwrap();
+        });
+        done_rx.recv_timeout(Duration::from_secs(300)).expect("the readers finish: none froze");
     }
 
     #[tokio::test]
