@@ -1,7 +1,8 @@
 //! Object stores chosen by URL.
 //!
 //! - `file:///abs/dir` (or a plain local path): a local folder through `LocalFileSystem`,
-//!   created if missing. The embedded default (`silt dev`).
+//!   created if missing, wrapped in a [`DurableLocalStore`] so that a put has fsynced the file
+//!   and its directories when it returns. The embedded default (`silt dev`).
 //! - `s3://bucket[/prefix]`: any S3-compatible store, configured by the standard `AWS_*`
 //!   variables (`AmazonS3Builder::from_env`), plus `AWS_ENDPOINT_URL` (what aws-cli and
 //!   LocalStack users set) as the endpoint when `AWS_ENDPOINT` is unset. With an endpoint,
@@ -26,6 +27,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, RetryConfig};
 
+use crate::durable_local_store::DurableLocalStore;
 use crate::TieringError;
 
 /// Retries the S3 client makes by itself before an error reaches the caller's wrappers.
@@ -102,11 +104,14 @@ fn open(url: &str, env: &[(String, String)]) -> Result<ObjectStoreUrl, TieringEr
 fn local_store(url: &str, dir: &str) -> Result<Arc<dyn ObjectStore>, TieringError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| invalid(url, format!("cannot create directory '{dir}': {e}")))?;
-    let store = LocalFileSystem::new_with_prefix(dir)
+    let root = std::fs::canonicalize(dir)
+        .map_err(|e| invalid(url, format!("cannot open directory '{dir}': {e}")))?;
+    let store = LocalFileSystem::new_with_prefix(&root)
         .map_err(|e| invalid(url, format!("cannot open directory '{dir}': {e}")))?
         // Deleting the last object of a partition removes its now empty directories too.
         .with_automatic_cleanup(true);
-    Ok(Arc::new(store))
+    // LocalFileSystem never fsyncs: the wrapper makes a put durable before it returns.
+    Ok(Arc::new(DurableLocalStore::new(store, root)))
 }
 
 fn percent_decode(s: &str) -> Option<String> {
