@@ -28,6 +28,25 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Creates `dir` and its missing parents durably: each directory created is fsynced into its
+/// parent, so that a node that crashes right after creating its log (and voting) finds it again.
+pub(crate) fn create_dir_all_durably(dir: &Path) -> io::Result<()> {
+    create_dir_all_durably_with(dir, &sync_dir)
+}
+
+fn create_dir_all_durably_with(dir: &Path, sync: &dyn Fn(&Path) -> io::Result<()>) -> io::Result<()> {
+    let missing: Vec<&Path> =
+        dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
+    fs::create_dir_all(dir)?;
+    for created in missing.iter().rev() {
+        match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => sync(parent)?,
+            _ => sync(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
+
 /// Removes the `*.tmp` files a crash left behind in `dir`.
 pub(crate) fn remove_tmp_files(dir: &Path) -> io::Result<()> {
     for entry in fs::read_dir(dir)? {
@@ -72,6 +91,25 @@ pub(crate) fn read_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_directory_created_is_synced_into_its_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let synced = std::sync::Mutex::new(Vec::new());
+        let record = |p: &Path| {
+            synced.lock().unwrap().push(p.to_path_buf());
+            sync_dir(p)
+        };
+        let target = dir.path().join("node").join("raft").join("log");
+        create_dir_all_durably_with(&target, &record).unwrap();
+        assert!(target.is_dir());
+        let want = [dir.path().to_path_buf(), dir.path().join("node"), dir.path().join("node").join("raft")];
+        assert_eq!(*synced.lock().unwrap(), want);
+        // Nothing created, nothing synced.
+        synced.lock().unwrap().clear();
+        create_dir_all_durably_with(&target, &record).unwrap();
+        assert!(synced.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn replaces_and_reads_back() {

@@ -146,7 +146,7 @@ impl LogStore {
     /// off; corruption anywhere else is an `InvalidData` error naming the file and the byte
     /// offset. Blocks on file I/O.
     pub fn open_with(dir: &Path, options: LogStoreOptions) -> io::Result<LogStore> {
-        fs::create_dir_all(dir)?;
+        atomic_file::create_dir_all_durably(dir)?;
         atomic_file::remove_tmp_files(dir)?;
         let vote: Option<Vote> = read_meta(dir, VOTE_FILE)?;
         let committed: Option<LogId> = read_meta(dir, COMMITTED_FILE)?;

@@ -82,7 +82,7 @@ impl StateMachineStore {
     /// Opens the store in `dir`, creating it if needed, and loads the latest snapshot. A damaged
     /// snapshot is an `InvalidData` error naming the file. Blocks on file I/O.
     pub fn open(dir: &Path) -> io::Result<StateMachineStore> {
-        std::fs::create_dir_all(dir)?;
+        atomic_file::create_dir_all_durably(dir)?;
         atomic_file::remove_tmp_files(dir)?;
         let snapshot = read_snapshot(dir)?;
         let applied = match &snapshot {
