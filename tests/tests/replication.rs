@@ -210,7 +210,17 @@ impl Cluster {
             let last = seg.last_offset.expect("sealed");
             for holder in &seg.ensemble {
                 let agent = &self.agents[self.index_of(holder)];
-                let page = silt_tests::held_records(agent.url(), "logs", 0, *base, 10_000).await;
+                // A holder decides what is committed from its own copy of metadata (refreshed
+                // every 200 ms): a follower whose copy has not applied the seal yet takes the
+                // segment for open, while its replica was told only of the next segment's
+                // commits, and answers 503 until its copy catches up. One that lacks the data
+                // never serves it.
+                let page = wait_for(
+                    &format!("{holder} to serve segment {base} of logs/0"),
+                    Duration::from_secs(10),
+                    || silt_tests::held_records_if_any(agent.url(), "logs", 0, *base, 10_000),
+                )
+                .await;
                 let offsets: Vec<u64> = page.records.iter().map(|r| r.offset).collect();
                 assert_eq!(
                     offsets,
