@@ -41,8 +41,12 @@ export SILT_TEST_LOCALSTACK_ENDPOINT=http://127.0.0.1:4566
 SILT_TEST_PYTHON=$(./localstack/python-tools.sh)
 export SILT_TEST_PYTHON
 
-echo "== tests"
 status=0
+# First, so that the last lines a reader sees are the whole suite's summary.
+echo "== tiering and retention tests with the clocks 30 days ahead"
+./scripts/faketime-tests.sh +30d || status=$?
+
+echo "== tests"
 cargo nextest run --workspace --locked --no-fail-fast || status=$?
 if [[ $status -ne 0 ]]; then
   # The emulators are stopped (and their logs overwritten by the next start) after this: show

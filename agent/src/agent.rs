@@ -1360,6 +1360,7 @@ impl Agent {
         let Response::Topic { topic } = response else {
             return Err(ApiError::unavailable(format!("unexpected metadata reply: {response:?}")));
         };
+        self.describe_in_archive(&topic).await;
         // Start the writers this agent was given now, so the topic is ready when this returns.
         self.supervise().await;
         Ok(self.topic_local(name).unwrap_or(topic))
@@ -1378,7 +1379,22 @@ impl Agent {
             .metadata
             .write(Command::AlterTopicConfig { name: name.to_string(), topic_id: Some(id), config })
             .await?;
-        Ok(self.inner.metadata.read(|s| s.topic(name).cloned()).await??)
+        let topic = self.inner.metadata.read(|s| s.topic(name).cloned()).await??;
+        self.describe_in_archive(&topic).await;
+        Ok(topic)
+    }
+
+    /// Writes the topic's description to the bucket, so that a rebuild of metadata restores
+    /// its configs. A failure is only logged: the compactor writes it again before it
+    /// archives any of the topic's segments.
+    async fn describe_in_archive(&self, topic: &Topic) {
+        if let Some((store, prefix)) = &self.inner.archive_store {
+            let d = silt_tiering::topic_descriptor::TopicDescriptor::of(topic);
+            if let Err(e) = silt_tiering::topic_descriptor::write_descriptor(store.as_ref(), prefix, &d).await
+            {
+                warn!(error = %e, topic = %topic.name, "describing the topic in the bucket failed; the compactor will");
+            }
+        }
     }
 
     /// Deletes a topic: metadata first, then the local data.
@@ -1400,6 +1416,13 @@ impl Agent {
         // admin operation). A failure leaves orphans, which cost storage only: the compactor
         // replaces an object no segment refers to.
         if let Some((store, prefix)) = &self.inner.archive_store {
+            // First the mark, so that a rebuild never brings the topic back, even if deleting
+            // its objects stops halfway.
+            if let Err(e) =
+                silt_tiering::topic_descriptor::write_tombstone(store.as_ref(), prefix, name, id).await
+            {
+                warn!(error = %e, topic = name, "marking the topic deleted in the bucket failed");
+            }
             let topic_prefix = prefix.child(format!("topic={name}"));
             let listed: Result<Vec<object_store::ObjectMeta>, _> =
                 store.list(Some(&topic_prefix)).try_collect().await;

@@ -52,6 +52,24 @@ pub struct ReadResult {
     pub high_watermark: u64,
 }
 
+/// Where the log in the partition directory `dir` ends: the offset after the last batch its
+/// last segment file holds, or that file's base offset when it holds none (offsets below it
+/// were handed out). Read without changing anything (see [`Segment::end_offset_held`]);
+/// `None` when `dir` holds no segment file.
+pub fn end_offset_held(dir: &Path) -> Result<Option<u64>, StoreError> {
+    let mut bases: Vec<u64> = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, "list", e))? {
+        let entry = entry.map_err(|e| StoreError::io(dir, "list", e))?;
+        if let Some(base) =
+            entry.file_name().to_string_lossy().strip_suffix(".log").and_then(|s| s.parse().ok())
+        {
+            bases.push(base);
+        }
+    }
+    let Some(last) = bases.into_iter().max() else { return Ok(None) };
+    Segment::end_offset_held(&dir.join(crate::segment::log_file_name(last)), last).map(Some)
+}
+
 impl PartitionLog {
     /// Opens (or creates) the log in `dir`. Every segment but the last is taken as sealed;
     /// the last is scanned batch by batch and its torn tail, if any, truncated.

@@ -377,6 +377,29 @@ impl Segment {
         Ok(true)
     }
 
+    /// The offset after the last valid batch of the segment file at `path` (`base_offset`
+    /// when it holds none), read without changing the file: a torn tail stays, and batches
+    /// after damage count. For tools that inspect a data directory no agent runs on.
+    pub fn end_offset_held(path: &Path, base_offset: u64) -> Result<u64, StoreError> {
+        let file = File::open(path).map_err(|e| StoreError::io(path, "open", e))?;
+        let mut segment = Segment::new(base_offset, path.to_path_buf(), file);
+        let len = segment.file.metadata().map_err(|e| StoreError::io(path, "stat", e))?.len();
+        let mut position = 0u64;
+        while position < len {
+            match segment.read_batch_at(position, len) {
+                Ok(batch) if batch.base_offset() >= segment.next_offset => {
+                    segment.next_offset = batch.last_offset() + 1;
+                    position += batch.len_bytes() as u64;
+                }
+                _ => match segment.resync(position, len) {
+                    Some((next_position, _)) => position = next_position,
+                    None => break,
+                },
+            }
+        }
+        Ok(segment.next_offset)
+    }
+
     /// After a bad batch at `position`, looks for a later valid batch. Finding one means the
     /// damage is in the middle (not a torn tail) and must not be truncated away.
     fn resync(&self, position: u64, len: u64) -> Option<(u64, u64)> {

@@ -1,14 +1,24 @@
-//! `silt archive rebuild-metadata`: disaster recovery of the offset map from the bucket alone.
+//! `silt archive rebuild-metadata`: disaster recovery of topics and the offset map from the
+//! bucket alone.
+//!
+//! Order: read the bucket's topic descriptions and every object's footer, then look at the
+//! agents' local logs, and refuse (changing nothing) while they hold data past the archive,
+//! unless told to discard it. Then restore the topics with their ids and configs, their
+//! archived segments, and where each partition's log ended, so that no offset a producer may
+//! have been given is handed out again. Local logs go aside last.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use serde::Serialize;
-use silt_metadata::{Command, MetadataNode};
-use silt_tiering::archive_format::read_archive_meta;
+use silt_agent::partition_log::end_offset_held;
+use silt_metadata::{Command, MetadataNode, TopicConfig};
+use silt_tiering::archive_format::{read_archive_meta, ArchiveMeta};
 use silt_tiering::object_layout::parse_object_key;
 use silt_tiering::store_url::object_store_from_url;
+use silt_tiering::topic_descriptor::read_descriptors;
 
 use crate::data_dir::{default_object_store_url, lock_data_dir};
 
@@ -21,30 +31,102 @@ pub struct RebuildReport {
     pub restored: usize,
     /// Topics that now exist.
     pub topics: Vec<String>,
-    /// Objects that could not be used, and why.
+    /// Topics restored without a description in the bucket (archived by a Silt that wrote
+    /// none): they have default configs but `retention.ms=-1`.
+    pub undescribed_topics: Vec<String>,
+    /// Objects and descriptions that could not be used, and why.
     pub skipped: Vec<(String, String)>,
-    /// Where local hot data that metadata no longer describes was moved.
-    pub moved_local_data: Option<PathBuf>,
+    /// Local data past the archive that was discarded (`--discard-unarchived`).
+    pub discarded_unarchived: Vec<String>,
+    /// Where the local logs that metadata no longer describes were moved.
+    pub moved_local_data: Vec<PathBuf>,
+}
+
+/// A partition's log in an agent's data directory.
+#[derive(Debug)]
+struct LocalPartition {
+    dir: PathBuf,
+    topic: String,
+    topic_id: u64,
+    partition: u32,
+    /// Where the local log ends.
+    end: u64,
 }
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Lists the archive, reads every object's footer and records each as an archived segment.
-pub async fn rebuild_metadata(data_dir: &Path, url: Option<&str>) -> Result<RebuildReport> {
+/// The local log directories of `silt dev`'s agents: `<data-dir>/agent/log` and
+/// `<data-dir>/agents/<id>/agent/log`.
+fn local_log_dirs(data_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut dirs = vec![data_dir.join("agent").join("log")];
+    let agents = data_dir.join("agents");
+    if agents.is_dir() {
+        for entry in
+            std::fs::read_dir(&agents).with_context(|| format!("cannot list {}", agents.display()))?
+        {
+            dirs.push(entry?.path().join("agent").join("log"));
+        }
+    }
+    dirs.retain(|d| d.is_dir());
+    Ok(dirs)
+}
+
+/// Every partition log under the local log directories, `<log>/<topic>~<id>/<partition>/`,
+/// with where it ends.
+fn local_partitions(log_dirs: &[PathBuf]) -> Result<Vec<LocalPartition>> {
+    let mut out = Vec::new();
+    for log in log_dirs {
+        for topic_entry in std::fs::read_dir(log).with_context(|| format!("cannot list {}", log.display()))? {
+            let topic_entry = topic_entry?;
+            let name = topic_entry.file_name().to_string_lossy().to_string();
+            let Some((topic, id)) =
+                name.rsplit_once('~').and_then(|(t, id)| Some((t, id.parse::<u64>().ok()?)))
+            else {
+                continue;
+            };
+            if !topic_entry.path().is_dir() {
+                continue;
+            }
+            for partition_entry in std::fs::read_dir(topic_entry.path())? {
+                let partition_entry = partition_entry?;
+                let Ok(partition) = partition_entry.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let dir = partition_entry.path();
+                let end = end_offset_held(&dir)
+                    .with_context(|| format!("cannot read the log in {}", dir.display()))?;
+                if let Some(end) = end {
+                    out.push(LocalPartition { dir, topic: topic.to_string(), topic_id: id, partition, end });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rebuilds metadata in `<data_dir>/metadata` from the archive at `url` (default: the one of
+/// `silt dev` in `data_dir`). See the module docs for the order.
+pub async fn rebuild_metadata(
+    data_dir: &Path,
+    url: Option<&str>,
+    discard_unarchived: bool,
+) -> Result<RebuildReport> {
     let _lock = lock_data_dir(data_dir)?;
     let url = match url {
         Some(u) => u.to_string(),
         None => default_object_store_url(data_dir)?,
     };
     let archive = object_store_from_url(&url).with_context(|| format!("cannot open the archive at {url}"))?;
-    let metadata = MetadataNode::open(&data_dir.join("metadata"), 1, "rebuild-metadata".into())
+    let store = archive.store.as_ref();
+    let described = read_descriptors(store, &archive.prefix)
         .await
-        .context("cannot open the metadata directory")?;
+        .with_context(|| format!("cannot read the topic descriptions in {url}"))?;
+    let mut skipped = described.skipped.clone();
+
     // Listing is fine here: this is a recovery tool, not the hot path.
-    let listing: Vec<object_store::ObjectMeta> = archive
-        .store
+    let listing: Vec<object_store::ObjectMeta> = store
         .list(Some(&archive.prefix))
         .try_collect()
         .await
@@ -54,12 +136,14 @@ pub async fn rebuild_metadata(data_dir: &Path, url: Option<&str>) -> Result<Rebu
     objects.sort_by(|(a, _), (b, _)| {
         (&a.topic, a.partition, a.base_offset).cmp(&(&b.topic, b.partition, b.base_offset))
     });
-    let mut restored = 0;
-    let mut skipped = Vec::new();
+    let mut footers: Vec<(ArchiveMeta, object_store::ObjectMeta)> = Vec::new();
     for (name, object) in objects {
         let key = object.location.to_string();
-        let meta = match read_archive_meta(archive.store.as_ref(), &object.location, Some(object.size)).await
-        {
+        if described.only_deleted(&name.topic) {
+            skipped.push((key, format!("topic '{}' was deleted", name.topic)));
+            continue;
+        }
+        let meta = match read_archive_meta(store, &object.location, Some(object.size)).await {
             Ok((meta, _)) => meta,
             Err(e) => {
                 skipped.push((key, e.to_string()));
@@ -72,6 +156,97 @@ pub async fn rebuild_metadata(data_dir: &Path, url: Option<&str>) -> Result<Rebu
             skipped.push((key, format!("the footer ({meta:?}) does not match the object's name")));
             continue;
         }
+        footers.push((meta, object));
+    }
+    let mut archived_end: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    for (meta, _) in &footers {
+        let end = archived_end.entry((meta.topic.clone(), meta.partition)).or_default();
+        *end = (*end).max(meta.last_offset + 1);
+    }
+
+    // Local data of a live topic past the archive may have been acknowledged.
+    let log_dirs = local_log_dirs(data_dir)?;
+    let local = local_partitions(&log_dirs)?;
+    let is_live = |l: &LocalPartition| {
+        !described.deleted.contains(&(l.topic.clone(), l.topic_id))
+            && described.live.get(&l.topic).is_none_or(|d| d.id == l.topic_id)
+    };
+    let unarchived: Vec<String> = local
+        .iter()
+        .filter(|l| is_live(l))
+        .filter_map(|l| {
+            let archived = archived_end.get(&(l.topic.clone(), l.partition)).copied().unwrap_or(0);
+            (l.end > archived).then(|| {
+                format!(
+                    "{}/{}: offsets {archived}..{} are in {} and not in the archive",
+                    l.topic,
+                    l.partition,
+                    l.end,
+                    l.dir.display()
+                )
+            })
+        })
+        .collect();
+    if !unarchived.is_empty() && !discard_unarchived {
+        bail!(
+            "nothing was changed: local logs hold data that is not archived and may have been acknowledged:\n  {}\n\
+             Start Silt with its metadata if it can still be had, or run again with --discard-unarchived \
+             to give that data up (it is kept, moved aside, for inspection)",
+            unarchived.join("\n  ")
+        );
+    }
+
+    let metadata = MetadataNode::open(&data_dir.join("metadata"), 1, "rebuild-metadata".into())
+        .await
+        .context("cannot open the metadata directory")?;
+    // Topics: as described, then those archived by a Silt that did not describe them.
+    for d in described.live.values() {
+        metadata
+            .write(Command::RestoreTopic {
+                name: d.name.clone(),
+                id: Some(d.id),
+                partitions: d.partitions,
+                config: d.config.clone(),
+                config_version: d.config_version,
+                created_ms: d.created_ms,
+            })
+            .await
+            .with_context(|| format!("cannot restore topic '{}'", d.name))?;
+    }
+    let reserved = described
+        .deleted
+        .iter()
+        .map(|(_, id)| *id)
+        .chain(local.iter().map(|l| l.topic_id))
+        .max()
+        .map_or(0, |id| id + 1);
+    metadata.write(Command::ReserveTopicIds { below: reserved }).await?;
+    let mut undescribed: BTreeMap<String, u32> = BTreeMap::new();
+    for (meta, _) in &footers {
+        if !described.live.contains_key(&meta.topic) {
+            let p = undescribed.entry(meta.topic.clone()).or_default();
+            *p = (*p).max(meta.partitions);
+        }
+    }
+    for (name, partitions) in &undescribed {
+        // Default configs would delete archives older than a week as soon as Silt starts.
+        let config = TopicConfig { retention_ms: None, ..TopicConfig::default() };
+        metadata
+            .write(Command::RestoreTopic {
+                name: name.clone(),
+                id: None,
+                partitions: *partitions,
+                config,
+                config_version: 0,
+                created_ms: now_ms(),
+            })
+            .await
+            .with_context(|| format!("cannot restore topic '{name}'"))?;
+    }
+
+    let mut restored = 0;
+    for (meta, object) in footers {
+        let key = object.location.to_string();
         let cmd = Command::RestoreArchivedSegment {
             topic: meta.topic.clone(),
             partitions: meta.partitions,
@@ -90,17 +265,32 @@ pub async fn rebuild_metadata(data_dir: &Path, url: Option<&str>) -> Result<Rebu
             Err(e) => skipped.push((key, e.to_string())),
         }
     }
-    let topics = metadata.read(|s| s.topics.keys().cloned().collect()).await?;
+    // Offsets found locally are never handed out again, discarded or not.
+    let topics: BTreeSet<String> = metadata.read(|s| s.topics.keys().cloned().collect()).await?;
+    for l in local.iter().filter(|l| is_live(l) && topics.contains(&l.topic)) {
+        let cmd = Command::RestorePartitionEnd { topic: l.topic.clone(), partition: l.partition, end: l.end };
+        if let Err(e) = metadata.write(cmd).await {
+            skipped.push((l.dir.display().to_string(), e.to_string()));
+        }
+    }
     metadata.shutdown().await;
-    // Local segment files are named by topic ids the old metadata handed out; the new metadata
-    // knows none of them. Keep them for inspection, out of the agent's way.
-    let local = data_dir.join("agent").join("log");
-    let moved_local_data = if local.exists() {
-        let aside = data_dir.join("agent").join(format!("log.before-rebuild-{}", now_ms()));
-        std::fs::rename(&local, &aside).with_context(|| format!("cannot move {} aside", local.display()))?;
-        Some(aside)
-    } else {
-        None
-    };
-    Ok(RebuildReport { object_store: url, restored, topics, skipped, moved_local_data })
+
+    // Local segment files are named by topic ids the old metadata handed out and hold
+    // replicas the new metadata knows nothing of. Keep them for inspection, out of the way.
+    let mut moved_local_data = Vec::new();
+    let stamp = now_ms();
+    for log in log_dirs {
+        let aside = log.with_file_name(format!("log.before-rebuild-{stamp}"));
+        std::fs::rename(&log, &aside).with_context(|| format!("cannot move {} aside", log.display()))?;
+        moved_local_data.push(aside);
+    }
+    Ok(RebuildReport {
+        object_store: url,
+        restored,
+        topics: topics.into_iter().collect(),
+        undescribed_topics: undescribed.into_keys().collect(),
+        skipped,
+        discarded_unarchived: if discard_unarchived { unarchived } else { Vec::new() },
+        moved_local_data,
+    })
 }

@@ -351,10 +351,17 @@ enum ArchiveCmd {
         #[command(flatten)]
         server: ServerArg,
     },
-    /// Disaster recovery: rebuild the offset map of every topic from the objects' footers alone.
+    /// Disaster recovery: rebuild topics and the offset map from the bucket alone.
     ///
-    /// Run it with Silt stopped, after the metadata directory was lost. Local hot data that
-    /// metadata no longer describes is moved aside to <data-dir>/agent/log.before-rebuild-<time>.
+    /// Run it with Silt stopped, after the metadata directory was lost. Topics come back with
+    /// the ids, partition counts and configs the bucket describes (topics archived by a Silt
+    /// that did not describe them come back with retention.ms=-1, so nothing is deleted; set
+    /// it again with `silt topic alter`), and every archived segment from the objects' footers.
+    ///
+    /// Local data of the agents' logs past what is archived may have been acknowledged: the
+    /// rebuild refuses to run while there is any, and says where, unless told
+    /// --discard-unarchived. Either way offsets found locally are never handed out again.
+    /// Local logs are then moved aside to <agent-dir>/agent/log.before-rebuild-<time>.
     RebuildMetadata {
         /// The data directory of `silt dev`.
         #[arg(long, default_value = "./silt-data")]
@@ -362,6 +369,10 @@ enum ArchiveCmd {
         /// The archive: s3://bucket/prefix or file:///path. Default: <data-dir>/objects.
         #[arg(long, env = "SILT_OBJECT_STORE", value_name = "URL")]
         object_store: Option<String>,
+        /// Rebuild even though local logs hold data the archive does not: that data is lost
+        /// (it stays in the moved-aside logs for inspection).
+        #[arg(long)]
+        discard_unarchived: bool,
     },
 }
 
@@ -529,8 +540,12 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Archive { command: ArchiveCmd::RebuildMetadata { data_dir, object_store } } => {
-            let report = silt::archive::rebuild_metadata(&data_dir, object_store.as_deref()).await?;
+        Cmd::Archive {
+            command: ArchiveCmd::RebuildMetadata { data_dir, object_store, discard_unarchived },
+        } => {
+            let report =
+                silt::archive::rebuild_metadata(&data_dir, object_store.as_deref(), discard_unarchived)
+                    .await?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }

@@ -11,6 +11,7 @@ use silt_metadata::state::{Segment, SegmentState};
 use silt_metadata::{Command, Metadata, MetadataError};
 use silt_tiering::archive_format::{encode_archive, read_archive_meta, ArchiveMeta, ArchiveWriterOptions};
 use silt_tiering::object_layout::object_key;
+use silt_tiering::topic_descriptor::{write_descriptor, TopicDescriptor};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, info_span, warn, Instrument};
@@ -69,6 +70,9 @@ struct Inner {
     source: Arc<dyn SegmentSource>,
     metrics: Arc<CompactorMetrics>,
     memory: Arc<Semaphore>,
+    /// The config version of each topic (name, id) whose description is known to be in the
+    /// bucket.
+    described: std::sync::Mutex<std::collections::HashMap<(String, u64), u64>>,
 }
 
 /// Archived segments of one partition past retention: topic, partition, (base offset, object key).
@@ -103,7 +107,10 @@ impl Compactor {
         metrics: Arc<CompactorMetrics>,
     ) -> Compactor {
         let memory = Arc::new(Semaphore::new(kib(config.memory_bytes_max) as usize));
-        Compactor { inner: Arc::new(Inner { config, metadata, store, prefix, source, metrics, memory }) }
+        let described = std::sync::Mutex::default();
+        Compactor {
+            inner: Arc::new(Inner { config, metadata, store, prefix, source, metrics, memory, described }),
+        }
     }
 
     /// The compactor's metrics.
@@ -146,8 +153,11 @@ impl Compactor {
     /// One round: archive every sealed segment, then apply retention. Returns how many segments
     /// were archived.
     pub async fn run_once(&self) -> usize {
-        let candidates = self.candidates();
+        let undescribed = self.describe_topics().await;
+        let mut candidates = self.candidates();
         self.update_lag(&candidates);
+        // No object goes into the bucket before its topic is described there.
+        candidates.retain(|c| !undescribed.contains(&c.topic));
         let concurrency = Arc::new(Semaphore::new(self.inner.config.concurrency_max.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         for c in candidates {
@@ -181,6 +191,49 @@ impl Compactor {
             warn!(error = %e, "retention failed; will retry");
         }
         archived
+    }
+
+    /// Writes the description of every topic in scope whose configs changed since it was last
+    /// written (all of them on the first round). Returns the topics that could not be
+    /// described this round.
+    async fn describe_topics(&self) -> Vec<String> {
+        let holder = self.inner.config.holder.as_deref();
+        let topics: Vec<TopicDescriptor> = self.inner.metadata.read_local(|s| {
+            s.topics
+                .values()
+                .filter(|t| {
+                    holder.is_none_or(|h| {
+                        t.partitions.iter().any(|p| {
+                            p.writer.as_deref() == Some(h)
+                                || p.segments.values().any(|seg| seg.ensemble.iter().any(|a| a == h))
+                        })
+                    })
+                })
+                .map(TopicDescriptor::of)
+                .collect()
+        });
+        let stale: Vec<TopicDescriptor> = {
+            let mut described = self.inner.described.lock().unwrap_or_else(|e| e.into_inner());
+            described.retain(|(name, id), _| topics.iter().any(|t| (&t.name, t.id) == (name, *id)));
+            topics
+                .into_iter()
+                .filter(|t| described.get(&(t.name.clone(), t.id)) != Some(&t.config_version))
+                .collect()
+        };
+        let mut failed = Vec::new();
+        for d in stale {
+            match write_descriptor(self.inner.store.as_ref(), &self.inner.prefix, &d).await {
+                Ok(()) => {
+                    let mut described = self.inner.described.lock().unwrap_or_else(|e| e.into_inner());
+                    described.insert((d.name.clone(), d.id), d.config_version);
+                }
+                Err(e) => {
+                    warn!(error = %e, topic = %d.name, "describing the topic in the bucket failed; its segments wait");
+                    failed.push(d.name);
+                }
+            }
+        }
+        failed
     }
 
     fn candidates(&self) -> Vec<Candidate> {

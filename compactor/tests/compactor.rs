@@ -108,9 +108,11 @@ fn compactor(
     )
 }
 
+/// Archived segments in the bucket (the topics' descriptions beside them not counted).
 async fn object_count(store: &dyn ObjectStore) -> usize {
     use futures::TryStreamExt;
-    store.list(None).try_collect::<Vec<_>>().await.expect("list").len()
+    let objects = store.list(None).try_collect::<Vec<_>>().await.expect("list");
+    objects.iter().filter(|o| o.location.as_ref().ends_with(".parquet")).count()
 }
 
 #[tokio::test]
@@ -129,6 +131,12 @@ async fn a_sealed_segment_is_archived_verified_and_committed() {
     assert_eq!((meta.record_count, meta.base_offset, meta.last_offset, meta.partitions), (500, 0, 499, 1));
     assert_eq!(c.run_once().await, 0, "nothing left to archive");
     assert_eq!(object_count(store.as_ref()).await, 1);
+    // The topic is described beside its objects, for a rebuild of metadata.
+    let described = silt_tiering::topic_descriptor::read_descriptors(store.as_ref(), &Path::from("archive"))
+        .await
+        .expect("descriptions");
+    let topic = m.read(|s| s.topics["t"].clone()).await.expect("topic");
+    assert_eq!(described.live.get("t"), Some(&silt_tiering::topic_descriptor::TopicDescriptor::of(&topic)));
 }
 
 #[tokio::test]

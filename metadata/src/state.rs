@@ -52,6 +52,10 @@ pub struct Topic {
     pub partitions: Vec<Partition>,
     /// When the topic was created (ms since the Unix epoch).
     pub created_ms: u64,
+    /// Bumped by every change of `config`: the archive's description of the topic with the
+    /// highest version is the newest (see `silt_tiering::topic_descriptor`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub config_version: u64,
 }
 
 /// One partition: who writes it, under which epoch, and its chain of segments.
@@ -63,9 +67,11 @@ pub struct Partition {
     pub epoch: u64,
     /// Segments by base offset.
     pub segments: BTreeMap<u64, Segment>,
-    /// Where the log ends while `segments` is empty: a seal of no records removed the chain's
-    /// only segment (retention had deleted the others), and the next segment must start here,
-    /// not at 0, or offsets would be used twice. 0 for a partition never written.
+    /// Where the log ends when no segment says so, and the least offset the next segment may
+    /// start at: a seal of no records removed the chain's only segment (retention had deleted
+    /// the others), or a rebuild of metadata from the archive found local data past the
+    /// archived end (those offsets may have been acknowledged). The next segment starts here or
+    /// after, never below, or offsets would be used twice. 0 for a partition never written.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub empty_end: u64,
 }
@@ -75,12 +81,14 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Partition {
-    /// The offset the next new segment must start at: one past the last sealed record.
+    /// The offset the next new segment must start at: one past the last sealed record, or
+    /// `empty_end` where that is further.
     pub fn next_segment_base(&self) -> u64 {
         self.segments
             .values()
             .next_back()
             .map_or(self.empty_end, |s| s.last_offset.map_or(s.base_offset, |l| l + 1))
+            .max(self.empty_end)
     }
 
     /// The first offset the chain describes: its first segment's, or where an empty chain ends
@@ -378,6 +386,40 @@ pub enum Command {
         /// segment that stays.
         base_offsets: Vec<u64>,
     },
+    /// Rebuild the topics from the bucket's description of them: create a topic with the id,
+    /// configs and partition count it had. Restoring a topic that exists with the same id and
+    /// partition count is harmless; any other topic of that name is refused. Ids handed out
+    /// later are above `id`.
+    RestoreTopic {
+        /// Topic name.
+        name: String,
+        /// The id it had; `None` for the next free id (an archive that does not describe it).
+        id: Option<u64>,
+        /// Number of partitions.
+        partitions: u32,
+        /// Its configuration, whole.
+        config: TopicConfig,
+        /// Its config version.
+        config_version: u64,
+        /// When it was created.
+        created_ms: u64,
+    },
+    /// Rebuild: topic ids below `below` were handed out (to topics since deleted, or found in
+    /// local logs) and are never handed out again.
+    ReserveTopicIds {
+        /// The least id the next topic created may get.
+        below: u64,
+    },
+    /// Rebuild: the next segment of a partition starts at `end` or after, because offsets
+    /// below it may have been handed out (local data past the archive). Never lowers it.
+    RestorePartitionEnd {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The least offset the next segment may start at.
+        end: u64,
+    },
     /// Rebuild the offset map from the bucket: add an archived segment found in an object's
     /// footer, creating the topic with default configs if it does not exist.
     RestoreArchivedSegment {
@@ -609,6 +651,7 @@ impl MetadataState {
                     config,
                     partitions: vec![Partition::default(); *partitions as usize],
                     created_ms: *now_ms,
+                    config_version: 0,
                 };
                 self.next_topic_id += 1;
                 self.topics.insert(name.clone(), topic);
@@ -631,6 +674,7 @@ impl MetadataState {
                 let topic =
                     self.topics.get_mut(name).ok_or_else(|| MetadataError::UnknownTopic(name.clone()))?;
                 topic.config = topic.config.altered(config)?;
+                topic.config_version += 1;
                 Ok(Response::Ok)
             }
             Command::ClaimWriter { topic, partition, agent, expected_epoch } => {
@@ -883,6 +927,56 @@ impl MetadataState {
                 for b in wanted {
                     p.segments.remove(&b);
                 }
+                Ok(Response::Ok)
+            }
+            Command::RestoreTopic { name, id, partitions, config, config_version, created_ms } => {
+                if *partitions == 0 || *partitions > PARTITIONS_MAX {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "a topic needs between 1 and {PARTITIONS_MAX} partitions, got {partitions}"
+                    )));
+                }
+                if let Some(existing) = self.topics.get(name) {
+                    if id.is_none_or(|id| id == existing.id)
+                        && existing.partitions.len() == *partitions as usize
+                    {
+                        return Ok(Response::Topic { topic: existing.clone() });
+                    }
+                    return Err(MetadataError::TopicExists(name.clone()));
+                }
+                if let Some(taken) = id.and_then(|id| self.topics.values().find(|t| t.id == id)) {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "topic '{name}' cannot have id {} again: topic '{}' has it",
+                        taken.id, taken.name
+                    )));
+                }
+                let id = id.unwrap_or(self.next_topic_id);
+                let topic = Topic {
+                    name: name.clone(),
+                    id,
+                    config: config.clone(),
+                    partitions: vec![Partition::default(); *partitions as usize],
+                    created_ms: *created_ms,
+                    config_version: *config_version,
+                };
+                self.next_topic_id = self.next_topic_id.max(id + 1);
+                self.topics.insert(name.clone(), topic);
+                self.assign_writers();
+                Ok(Response::Topic { topic: self.topics[name].clone() })
+            }
+            Command::ReserveTopicIds { below } => {
+                self.next_topic_id = self.next_topic_id.max(*below);
+                Ok(Response::Ok)
+            }
+            Command::RestorePartitionEnd { topic, partition, end } => {
+                let p = self.partition_mut(topic, *partition)?;
+                if let Some(open) = p.open_segment() {
+                    return Err(MetadataError::InvalidArgument(format!(
+                        "partition {topic}/{partition} has an open segment at offset {}: only a rebuild, \
+                         before any writer starts, may move where its log ends",
+                        open.base_offset
+                    )));
+                }
+                p.empty_end = p.empty_end.max(*end);
                 Ok(Response::Ok)
             }
             Command::RestoreArchivedSegment {
@@ -1742,6 +1836,79 @@ mod tests {
         assert_eq!((cp.floor, cp.acked.clone()), (15, vec![]));
         assert!(matches!(commit(&mut s, 1, vec![]), Response::Ok));
         assert_eq!(s.groups["g"].topics["t"].acks[&0].floor, 15);
+    }
+
+    #[test]
+    fn a_rebuild_restores_topics_as_described_and_never_reuses_an_id_or_an_offset() {
+        let mut s = MetadataState::default();
+        let config = TopicConfig { retention_ms: None, replication_factor: 3, ..TopicConfig::default() };
+        let restore = |name: &str, id: Option<u64>, partitions: u32| Command::RestoreTopic {
+            name: name.into(),
+            id,
+            partitions,
+            config: config.clone(),
+            config_version: 4,
+            created_ms: 5,
+        };
+        let Response::Topic { topic } = s.apply(&restore("a", Some(7), 2)) else { panic!("restored") };
+        assert_eq!((topic.id, topic.config_version, topic.created_ms), (7, 4, 5));
+        assert_eq!(topic.config, config);
+        assert_eq!(s.next_topic_id, 8);
+        assert!(matches!(s.apply(&restore("a", Some(7), 2)), Response::Topic { .. }), "twice is harmless");
+        let before = s.clone();
+        for refused in [
+            restore("a", Some(9), 2),
+            restore("a", Some(7), 3),
+            restore("b", Some(7), 1),
+            restore("c", None, 0),
+        ] {
+            assert!(matches!(s.apply(&refused), Response::Error { .. }), "{refused:?}");
+            assert_eq!(s, before);
+        }
+        // Ids of deleted topics are never handed out again.
+        assert_eq!(s.apply(&Command::ReserveTopicIds { below: 20 }), Response::Ok);
+        assert_eq!(s.apply(&Command::ReserveTopicIds { below: 3 }), Response::Ok);
+        let Response::Topic { topic } = s.apply(&restore("d", None, 1)) else { panic!("restored") };
+        assert_eq!(topic.id, 20);
+        // A config change bumps the version the archive's description is written under.
+        let alter = Command::AlterTopicConfig {
+            name: "a".into(),
+            topic_id: None,
+            config: BTreeMap::from([("max.deliveries".to_string(), "9".to_string())]),
+        };
+        assert_eq!(s.apply(&alter), Response::Ok);
+        assert_eq!(s.topics["a"].config_version, 5);
+
+        // Offsets found in local logs past the archive are never handed out again.
+        let end = |end: u64| Command::RestorePartitionEnd { topic: "a".into(), partition: 1, end };
+        assert_eq!(s.apply(&end(30)), Response::Ok);
+        assert_eq!(s.apply(&end(10)), Response::Ok, "never lowered");
+        assert_eq!(s.topics["a"].partitions[1].next_segment_base(), 30);
+        let archived = Command::RestoreArchivedSegment {
+            topic: "a".into(),
+            partitions: 2,
+            partition: 1,
+            base_offset: 0,
+            last_offset: 19,
+            record_count: 20,
+            min_timestamp_ms: Some(1),
+            max_timestamp_ms: Some(2),
+            object_key: "o".into(),
+            object_bytes: 3,
+            now_ms: 4,
+        };
+        assert_eq!(s.apply(&archived), Response::Ok);
+        let p = &s.topics["a"].partitions[1];
+        assert_eq!(
+            (p.first_offset(), p.next_segment_base()),
+            (0, 30),
+            "the archive ends at 20, the log at 30"
+        );
+        let mut open = open_after_ten(0, 20);
+        if let Command::OpenSegment { topic, partition, .. } = &mut open {
+            (*topic, *partition) = ("a".into(), 1);
+        }
+        assert!(matches!(s.apply(&open), Response::Error { .. }), "a segment may not start at 20");
     }
 
     #[test]

@@ -20,7 +20,16 @@ use silt_tests::{silt_bin, wait_for, DevOptions, SiltDev};
 
 const TOPIC: &str = "clicks";
 const PARTITIONS: u32 = 2;
-const BASE_TS: i64 = 1_796_000_000_000;
+/// Thirty days before the test runs: older than the default `retention.ms` (7 days), so a
+/// topic whose `retention.ms=-1` were lost (by a rebuild) would lose its archive at once.
+fn base_ts() -> i64 {
+    static BASE: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| now_ms() - 30 * 24 * 3600 * 1000)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Backend {
@@ -108,7 +117,7 @@ fn message_for(i: usize, value_bytes: usize) -> OutMessage {
     } else {
         vec![]
     };
-    OutMessage { partition: None, key, value: Some(value), headers, timestamp: Some(BASE_TS + i as i64) }
+    OutMessage { partition: None, key, value: Some(value), headers, timestamp: Some(base_ts() + i as i64) }
 }
 
 async fn produce_all(client: &Client, count: usize) -> Vec<Expected> {
@@ -284,8 +293,14 @@ fn verify_with_pyarrow(dev: &SiltDev, at: &ArchiveAt, expected: &[Expected], obj
 }
 
 fn rebuild_metadata(dev: &SiltDev) -> serde_json::Value {
+    rebuild_metadata_with(dev, &[]).expect("rebuild-metadata")
+}
+
+/// Runs `silt archive rebuild-metadata` on the stopped `dev`: its report, or what it printed
+/// when it refused.
+fn rebuild_metadata_with(dev: &SiltDev, args: &[&str]) -> Result<serde_json::Value, String> {
     let mut cmd = Command::new(silt_bin());
-    cmd.args(["archive", "rebuild-metadata", "--data-dir"]).arg(dev.data_dir());
+    cmd.args(["archive", "rebuild-metadata", "--data-dir"]).arg(dev.data_dir()).args(args);
     if let Some(url) = &dev.options().object_store {
         cmd.args(["--object-store", url]);
     }
@@ -297,8 +312,10 @@ fn rebuild_metadata(dev: &SiltDev) -> serde_json::Value {
             .map(|(k, v)| (k.as_str(), v.as_str())),
     );
     let out = cmd.output().expect("run silt archive rebuild-metadata");
-    assert!(out.status.success(), "rebuild-metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("rebuild report")
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).expect("rebuild report"))
 }
 
 async fn round_trip(backend_kind: Backend, faults: bool) {
@@ -390,7 +407,7 @@ async fn round_trip(backend_kind: Backend, faults: bool) {
         assert_eq!(consumed.get(&(e.partition, e.offset)), Some(e));
     }
     // Replay by time finds the first record at or after the time in the archive.
-    let t = BASE_TS + (count / 2) as i64;
+    let t = base_ts() + (count / 2) as i64;
     let page = client.replay(TOPIC, 0, None, Some(t), 1).await.expect("replay by time");
     let want = expected.iter().find(|e| e.partition == 0 && e.timestamp >= t).expect("a record after t");
     assert_eq!(page.messages.first().map(as_expected).as_ref(), Some(want));
@@ -444,6 +461,103 @@ async fn archive_round_trip_seaweedfs_with_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_round_trip_localstack() {
     round_trip(Backend::LocalStack, false).await;
+}
+
+/// Produces `count` messages of 1,000 bytes to partition 0 of `topic`, stamped from `ts` on:
+/// their offsets.
+async fn produce_to(client: &Client, topic: &str, count: usize, ts: i64) -> Vec<u64> {
+    let messages: Vec<OutMessage> = (0..count)
+        .map(|i| OutMessage {
+            partition: Some(0),
+            value: Some(format!("{i:01000}")),
+            timestamp: Some(ts + i as i64),
+            ..Default::default()
+        })
+        .collect();
+    let ids = client.produce(topic, &messages).await.expect("produce");
+    ids.iter().map(|id| id.rsplit('/').next().and_then(|o| o.parse().ok()).expect("offset")).collect()
+}
+
+/// Waits until the archive of `topic` holds `records` records.
+async fn wait_archived(client: &Client, topic: &str, records: u64) {
+    wait_for(&format!("{records} records of {topic} archived"), Duration::from_secs(120), || {
+        let client = client.clone();
+        let topic = topic.to_string();
+        async move {
+            let objects = client.archive_list(&topic).await.expect("archive ls");
+            let n: u64 = objects.iter().filter_map(|o| o["records"].as_u64()).sum();
+            (n == records).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_never_reuses_an_offset() {
+    let options = DevOptions { args: vec!["--agents".into(), "3".into()], ..DevOptions::default() };
+    let mut dev = SiltDev::start_with(options);
+    let client = dev.client();
+    let config = topic_config(&[
+        ("replication.factor", "3"),
+        ("segment.bytes", "65536"),
+        ("segment.ms", "200"),
+        ("retention.ms", "-1"),
+        ("local.retention.ms", "0"),
+    ]);
+    client.create_topic("kept", 1, &config).await.expect("create");
+    client.alter_topic_config("kept", &topic_config(&[("max.deliveries", "9")])).await.expect("alter");
+    // A month old: the default retention.ms would delete all of it.
+    let archived = produce_to(&client, "kept", 300, base_ts()).await;
+    wait_archived(&client, "kept", archived.len() as u64).await;
+    // The next messages stay in the open segment, on the agents' disks only.
+    client.alter_topic_config("kept", &topic_config(&[("segment.ms", "3600000")])).await.expect("alter");
+    let hot = produce_to(&client, "kept", 10, now_ms()).await;
+    assert_eq!(hot.first(), Some(&(archived.len() as u64)));
+    let before = client.describe_topic("kept").await.expect("describe");
+
+    dev.stop();
+    std::fs::remove_dir_all(dev.data_dir().join("metadata")).expect("delete metadata");
+    let refused = rebuild_metadata_with(&dev, &[]).expect_err("a rebuild that would drop acknowledged data");
+    assert!(refused.contains("kept/0: offsets 300..310"), "{refused}");
+    assert!(refused.contains("--discard-unarchived"), "{refused}");
+    assert!(!dev.data_dir().join("metadata").exists(), "a refused rebuild changed metadata");
+    assert!(dev.data_dir().join("agent").join("log").is_dir(), "a refused rebuild moved the local logs");
+
+    let report = rebuild_metadata_with(&dev, &["--discard-unarchived"]).expect("rebuild");
+    assert_eq!(report["topics"], serde_json::json!(["kept"]), "{report}");
+    assert_eq!(report["undescribed_topics"], serde_json::json!([]), "{report}");
+    // One line for each agent holding a replica of the open segment.
+    assert_eq!(report["discarded_unarchived"].as_array().map(Vec::len), Some(3), "{report}");
+    assert_eq!(report["moved_local_data"].as_array().map(Vec::len), Some(3), "{report}");
+    dev.restart();
+    let client = dev.client();
+    let after = client.describe_topic("kept").await.expect("describe");
+    assert_eq!(after["config"], before["config"], "configs after the rebuild");
+    assert_eq!(after["id"], before["id"]);
+    assert_eq!(after["config"]["replication.factor"], "3");
+    assert_eq!(after["config"]["retention.ms"], "-1");
+    assert_eq!(after["config"]["segment.bytes"], "65536");
+
+    // The offsets of the discarded messages are never handed out again.
+    client.alter_topic_config("kept", &topic_config(&[("segment.ms", "200")])).await.expect("alter");
+    let next = produce_to(&client, "kept", 1, now_ms()).await;
+    assert_eq!(next, [310]);
+    // Two more archive rounds, each followed by retention: the month-old archive stays.
+    wait_archived(&client, "kept", 301).await;
+    let last = produce_to(&client, "kept", 1, now_ms()).await;
+    assert_eq!(last, [311]);
+    wait_archived(&client, "kept", 302).await;
+    let mut offsets = Vec::new();
+    loop {
+        let from = offsets.last().map_or(0, |o| o + 1);
+        let page = client.replay("kept", 0, Some(from), None, 1000).await.expect("replay");
+        if page.messages.is_empty() {
+            break;
+        }
+        offsets.extend(page.messages.iter().map(|m| m.offset));
+    }
+    let want: Vec<u64> = archived.iter().copied().chain([310, 311]).collect();
+    assert_eq!(offsets, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,11 @@
 //!   `{prefix}/topic={topic}/partition={partition}/{base:020}-{last:020}.parquet`;
 //! - **object stores by URL** ([`store_url`]: `file://`, `s3://`, `memory://`) and the
 //!   wrappers that add behaviour to any store: [`RetryingObjectStore`],
-//!   [`InstrumentedObjectStore`], and [`FaultInjectingObjectStore`] for tests, plus the
+//!   [`InstrumentedObjectStore`], [`DurableLocalStore`](durable_local_store::DurableLocalStore)
+//!   (fsyncs a `file://` store's puts), and [`FaultInjectingObjectStore`] for tests, plus the
 //!   [`conformance`] suite every backend must pass;
+//! - the **topic descriptions** ([`topic_descriptor`]): each topic's id, partition count and
+//!   configs under `{prefix}/_silt/topics/`, so that a rebuild from the bucket restores them;
 //! - the **read router** [`locate`](locate::locate): which tier holds an offset, from the
 //!   segment chain in metadata (pure, no I/O);
 //! - the **cold reader** ([`ColdReader`]): reads archived records through a foyer hybrid
@@ -26,6 +29,7 @@
 pub mod archive_format;
 pub mod cold_reader;
 pub mod conformance;
+pub mod durable_local_store;
 mod error;
 pub mod fault_injecting_object_store;
 pub mod instrumented_object_store;
@@ -34,6 +38,7 @@ pub mod object_layout;
 mod readahead;
 pub mod retrying_object_store;
 pub mod store_url;
+pub mod topic_descriptor;
 
 pub use archive_format::{
     archive_meta_from_parquet, decode_records, encode_archive, read_archive_meta, ArchiveMeta,
