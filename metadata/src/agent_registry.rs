@@ -2,8 +2,9 @@
 //!
 //! Part of the state machine: every function here runs inside `MetadataState::apply`, so it
 //! is deterministic and judges time only by the clock carried in the commands, which the
-//! metadata leader stamps with its own when it proposes them (`Command::stamp_clock`);
-//! `MetadataState::clock_ms` keeps the newest seen, so time never runs backwards across
+//! metadata leader stamps when it proposes them (`Command::stamp_clock`) with the time it
+//! measured itself since its term began (`lease_clock.rs`: a step of its wall clock moves no
+//! lease); `MetadataState::clock_ms` keeps the newest seen, so time never runs backwards across
 //! leaders either.
 //!
 //! An agent registers (a new incarnation, a lease), then heartbeats. Every partition has at

@@ -23,6 +23,7 @@ mod error;
 mod frame;
 pub mod http_api;
 pub mod http_network;
+mod lease_clock;
 pub mod log_store;
 pub mod metadata_client;
 pub mod metadata_handle;

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::http_network::HttpNetwork;
+use crate::lease_clock::LeaseClock;
 use crate::log_store::{LogStore, LogStoreOptions, SEGMENT_BYTES_MAX_DEFAULT};
 use crate::network::SingleNodeNetwork;
 use crate::node_status::{Member, NodeStatus};
@@ -125,6 +126,10 @@ pub struct MetadataNode {
     /// A leader whose last quorum acknowledgement is older than this may have been deposed: it
     /// proposes nothing until a quorum answers again.
     quorum_ack_stale_ms: u64,
+    /// The time stamped on commands this node proposes as leader (see `lease_clock.rs`).
+    lease_clock: Arc<std::sync::Mutex<LeaseClock>>,
+    /// Where the lease clock's monotonic readings are measured from.
+    started: std::time::Instant,
 }
 
 impl fmt::Debug for MetadataNode {
@@ -248,6 +253,8 @@ impl MetadataNode {
             state_machine,
             request_timeout: Duration::from_millis(options.request_timeout_ms),
             quorum_ack_stale_ms: options.election_timeout_min_ms,
+            lease_clock: Arc::default(),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -305,6 +312,15 @@ impl MetadataNode {
             .map_err(|e| stopped(&e))
     }
 
+    /// The time to stamp on a command proposed now: the state's clock when this node's term
+    /// began, plus the time its monotonic clock measured since (see `lease_clock.rs`).
+    fn lease_clock_ms(&self) -> u64 {
+        let term = self.raft.metrics().borrow().current_term;
+        let state_clock_ms = self.read_local(|s| s.clock_ms);
+        let mut clock = self.lease_clock.lock().unwrap_or_else(|e| e.into_inner());
+        clock.now_ms(term, state_clock_ms, wall_clock_ms(), self.started.elapsed())
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
         self.node_id
@@ -323,7 +339,7 @@ impl MetadataNode {
     /// still be applied later, so commands should be safe to retry (epochs and expected values
     /// make them so).
     pub async fn write(&self, mut cmd: Command) -> Result<Response, MetadataError> {
-        cmd.stamp_clock(wall_clock_ms());
+        cmd.stamp_clock(self.lease_clock_ms());
         let written =
             tokio::time::timeout(self.request_timeout, self.raft.client_write(cmd)).await.map_err(|_| {
                 MetadataError::Unavailable(format!(
@@ -346,7 +362,7 @@ impl MetadataNode {
     /// answers it only for entries it never appended or cut from the log, and a committed entry
     /// is never cut.
     pub(crate) async fn propose(&self, mut cmd: Command, timeout: Duration) -> Result<Response, LeaderError> {
-        cmd.stamp_clock(wall_clock_ms());
+        cmd.stamp_clock(self.lease_clock_ms());
         match tokio::time::timeout(timeout, self.raft.client_write(cmd)).await {
             Err(_) => Err(LeaderError::Unknown(format!(
                 "the write was proposed by metadata node {} but not committed within {} ms (no quorum? {}); \

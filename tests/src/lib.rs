@@ -405,6 +405,7 @@ pub struct MetadataProcess {
     args: Vec<String>,
     data_dir: PathBuf,
     log: PathBuf,
+    env: Vec<(String, String)>,
     child: Option<Child>,
     paused: bool,
 }
@@ -413,6 +414,17 @@ impl MetadataProcess {
     /// Starts `silt metadata --id <id> --listen <addr> --data-dir <dir>/m<id> <extra...>`, logging
     /// to `<dir>/m<id>.log`, and waits until it listens.
     pub fn start(dir: &Path, id: u64, addr: &str, extra: &[String]) -> MetadataProcess {
+        MetadataProcess::start_with_env(dir, id, addr, extra, &[])
+    }
+
+    /// [`MetadataProcess::start`] with more environment variables (a fake clock, say).
+    pub fn start_with_env(
+        dir: &Path,
+        id: u64,
+        addr: &str,
+        extra: &[String],
+        env: &[(String, String)],
+    ) -> MetadataProcess {
         let data_dir = dir.join(format!("m{id}"));
         let mut args: Vec<String> = vec![
             "metadata".into(),
@@ -430,6 +442,7 @@ impl MetadataProcess {
             args,
             data_dir,
             log: dir.join(format!("m{id}.log")),
+            env: env.to_vec(),
             child: None,
             paused: false,
         };
@@ -442,6 +455,7 @@ impl MetadataProcess {
         let mut child = Command::new(silt_bin())
             .args(&self.args)
             .env("SILT_LOG", std::env::var("SILT_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -563,6 +577,11 @@ impl MetadataCluster {
     /// Starts nodes `1..=n` with `--peers` naming them all, node 1 with `--init`, each with
     /// `extra` arguments too.
     pub fn start(n: u64, extra: &[&str]) -> MetadataCluster {
+        MetadataCluster::start_with_env(n, extra, &[])
+    }
+
+    /// [`MetadataCluster::start`] with more environment variables for every node.
+    pub fn start_with_env(n: u64, extra: &[&str], env: &[(String, String)]) -> MetadataCluster {
         let tmp = tempfile::tempdir().expect("tempdir");
         let ports = free_loopback_ports(n as usize);
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
@@ -575,7 +594,7 @@ impl MetadataCluster {
                     args.push("--init".into());
                 }
                 args.extend(extra.iter().map(|s| s.to_string()));
-                MetadataProcess::start(tmp.path(), id, &addrs[id as usize - 1], &args)
+                MetadataProcess::start_with_env(tmp.path(), id, &addrs[id as usize - 1], &args, env)
             })
             .collect();
         MetadataCluster { nodes, tmp }

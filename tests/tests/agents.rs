@@ -736,3 +736,98 @@ async fn segments_left_on_an_agent_that_no_longer_writes_the_partition_stay_read
     .await;
     assert_eq!(read_all(&a1.client(), "moves", 0).await, expected);
 }
+
+/// libfaketime, from Debian's `faketime` (installed by `scripts/test.sh`).
+fn libfaketime() -> Option<String> {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    if std::path::Path::new(lib).exists() {
+        return Some(lib.into());
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{lib} is missing: scripts/test.sh installs faketime"
+    );
+    eprintln!("skipping: {lib} is missing (apt-get install faketime)");
+    None
+}
+
+/// Waits until metadata's clock has moved `ms` past `from`, and returns it.
+async fn clock_past(cluster: &MetadataCluster, from: u64, ms: u64) -> u64 {
+    wait_for(&format!("metadata's clock to pass {from} + {ms} ms"), Duration::from_secs(60), || async {
+        let now = state(cluster).await?.clock_ms;
+        (now >= from + ms).then_some(now)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_of_the_metadata_leaders_wall_clock_moves_no_writer() {
+    let Some(lib) = libfaketime() else { return };
+    // The metadata node's wall clock is offset by what this file says (read on every call);
+    // its monotonic clock is left alone, as an NTP or operator step leaves it.
+    let clock_dir = tempfile::tempdir().expect("tempdir");
+    let offset = clock_dir.path().join("offset");
+    std::fs::write(&offset, "+0\n").expect("offset");
+    let env: Vec<(String, String)> = [
+        ("LD_PRELOAD", lib.as_str()),
+        ("FAKETIME_TIMESTAMP_FILE", &offset.display().to_string()),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("DONT_FAKE_MONOTONIC", "1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let cluster = MetadataCluster::start_with_env(1, &[], &env);
+    cluster.wait_for_leader(&[1], LEADER_TIMEOUT).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let objects = objects_url(tmp.path());
+    let lease_ms = 2_000;
+    let a1 = agent("a1", &cluster, &objects, "2s");
+    let mut a2 = agent("a2", &cluster, &objects, "2s");
+    let client = a1.client();
+    client.create_topic("t", 4, &BTreeMap::new()).await.expect("create");
+    let writers = |s: &MetadataState| (0..4).map(|p| writer_of(s, "t", p)).collect::<Vec<_>>();
+    let before = wait_for("every partition written by a live agent", Duration::from_secs(30), || async {
+        let s = state(&cluster).await?;
+        let w = writers(&s);
+        w.iter().all(|(a, _)| a.is_some()).then_some((w, s.clock_ms))
+    })
+    .await;
+    let (before, clock) = before;
+    assert!(before.iter().any(|(a, _)| a.as_deref() == Some("a2")), "{before:?}");
+    for p in 0..4 {
+        client.produce("t", &messages(Some(p), "before", 5)).await.expect("produce");
+    }
+
+    // An hour forward: no lease lapses, no partition changes writer.
+    std::fs::write(&offset, "+3600\n").expect("offset");
+    let clock = clock_past(&cluster, clock, 3 * lease_ms).await;
+    assert_eq!(writers(&state(&cluster).await.expect("state")), before, "after a step forward");
+    let real_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    assert!(
+        clock < real_ms + 600_000,
+        "metadata's clock jumped with the wall clock: {clock}, really {real_ms}"
+    );
+    // And back, two hours: time goes on, and a lease that is no longer renewed still lapses.
+    std::fs::write(&offset, "-3600\n").expect("offset");
+    clock_past(&cluster, clock, 3 * lease_ms).await;
+    assert_eq!(writers(&state(&cluster).await.expect("state")), before, "after a step back");
+    a2.kill9();
+    wait_for("a2's partitions to move to a1", Duration::from_secs(30), || async {
+        let s = state(&cluster).await?;
+        writers(&s).iter().all(|(a, _)| a.as_deref() == Some("a1")).then_some(())
+    })
+    .await;
+    // One replica per segment: a2's open segments come back with it.
+    a2.restart();
+    for p in 0..4 {
+        // Until a2 is back and a1's writers recovered its segments, producers retry.
+        wait_for(&format!("a produce to partition {p} after the steps"), Duration::from_secs(30), || async {
+            client.produce("t", &messages(Some(p), "after", 5)).await.ok()
+        })
+        .await;
+        let values: Vec<String> = read_all(&client, "t", p).await.into_iter().map(|(_, v)| v).collect();
+        assert_eq!(values.len(), 10, "partition {p}: {values:?}");
+    }
+}
