@@ -1421,7 +1421,9 @@ impl Agent {
             if let Err(e) =
                 silt_tiering::topic_descriptor::write_tombstone(store.as_ref(), prefix, name, id).await
             {
-                warn!(error = %e, topic = name, "marking the topic deleted in the bucket failed");
+                // Its objects stay: a rebuild would restore the topic whole rather than in part.
+                warn!(error = %e, topic = name, "marking the topic deleted in the bucket failed; its objects are kept");
+                return Ok(());
             }
             let topic_prefix = prefix.child(format!("topic={name}"));
             let listed: Result<Vec<object_store::ObjectMeta>, _> =
@@ -1989,15 +1991,18 @@ impl Agent {
         if let Some(r) = self.open_replica_if_any(topic, partition) {
             return Ok(r);
         }
+        // What the replica is cut back to on opening is decided from a linearizable read: a
+        // stale copy may not know the newest segment yet, whose batches may be acknowledged.
         let part = self
             .inner
             .metadata
-            .read_local(|s| {
+            .read(|s| {
                 s.topics
                     .get(topic)
                     .filter(|t| t.id == target.topic_id)
                     .and_then(|t| t.partitions.get(partition as usize).cloned())
             })
+            .await?
             .ok_or_else(|| {
                 ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
             })?;
@@ -2569,7 +2574,8 @@ impl Agent {
                 let chain = part.clone();
                 let opened = tokio::task::spawn_blocking(move || {
                     let (mut log, _) = PartitionLog::open(&dir)?;
-                    trim_to_metadata(&mut log, &chain)?;
+                    let fence = crate::replica::read_fence(&dir)?;
+                    trim_to_metadata(&mut log, &chain, fence)?;
                     Ok::<_, StoreError>(log)
                 });
                 match opened.await {

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod partition_log;
 pub mod partition_writer;
 pub mod peer;
+mod recovery;
 pub mod replica;
 pub mod replication;
 pub mod segment;

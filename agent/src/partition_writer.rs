@@ -269,7 +269,7 @@ impl PartitionWriter {
                 })
             })?;
         let chain = meta.clone();
-        self.on_log("trim", move |log| trim_to_metadata(log, &chain).map(|_| ())).await?;
+        self.on_log("trim", move |log| trim_to_metadata(log, &chain, epoch).map(|_| ())).await?;
         if let Some(open) = meta.open_segment().cloned() {
             self.recover(&open).await?;
         }
@@ -289,8 +289,9 @@ impl PartitionWriter {
     /// data directory was replaced holds nothing and does not count), copies the longest
     /// tail to every replica that answered with less, and seals the segment there by a
     /// compare-and-set on the epoch. Every acknowledged batch is on W replicas, so on one of
-    /// those that answered: the seal never drops one. Replicas that did not answer are cut
-    /// back to the sealed end when they open their log again.
+    /// those that answered: the seal never drops one. The seal names as holders exactly the
+    /// members that hold the sealed range (`recovery::sealed_holders`); one that did not
+    /// answer is no longer a holder, and repair copies the segment to others.
     async fn recover(&mut self, open: &Segment) -> Result<(), StoreError> {
         let me = self.config.agent_id.clone();
         let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
@@ -395,13 +396,15 @@ impl PartitionWriter {
             return Ok(());
         };
         let end = best.end_offset;
-        let mut holders = held.iter().filter(|(_, h)| h.end_offset == end).count();
+        let mut holding: Vec<String> =
+            held.iter().filter(|(_, h)| h.end_offset == end).map(|(m, _)| m.clone()).collect();
         for (m, h) in held.iter().filter(|(_, h)| h.end_offset < end) {
             match self.copy_tail(&target, &source, m, h.end_offset, end).await {
-                Ok(()) => holders += 1,
+                Ok(()) => holding.push(m.clone()),
                 Err(e) => warn!(replica = %m, error = %e, "copying the recovered tail to a replica failed"),
             }
         }
+        let holders = holding.len();
         if holders < w.min(held.len()) && end > base {
             return Err(StoreError::NotEnoughReplicas(format!(
                 "partition {topic}/{partition}: the recovered tail of segment {base} is on {holders} replica(s), \
@@ -414,7 +417,8 @@ impl PartitionWriter {
             size_bytes: best.size_bytes,
             min_timestamp_ms: best.min_timestamp_ms,
             max_timestamp_ms: best.max_timestamp_ms,
-            replicas: None,
+            // Members that did not answer, or that a copy failed to reach, are not holders.
+            replicas: crate::recovery::sealed_holders(members, &holding),
         };
         self.metadata.write(self.seal_command(&summary)).await?;
         info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");

@@ -97,7 +97,25 @@ impl HeldSegment {
 /// metadata knows at its offset (another epoch wrote it, or it was never recorded) is cut to
 /// nothing. What is cut was never acknowledged. Segments below metadata's chain (deleted by
 /// retention) are left to the trimming of archived data. Returns how many segments changed.
-pub fn trim_to_metadata(log: &mut PartitionLog, part: &Partition) -> Result<usize, StoreError> {
+///
+/// `part` must be a view of metadata taken after the log's data was written (a linearizable
+/// read): a stale copy does not know the newest segments, and cutting by it would cut
+/// acknowledged data. A view older than what the directory has seen (its `fence`, or a
+/// segment's epoch above the view's epoch) is refused, and nothing is cut.
+pub fn trim_to_metadata(log: &mut PartitionLog, part: &Partition, fence: u64) -> Result<usize, StoreError> {
+    let newest_seen = log
+        .segments()
+        .iter()
+        .filter(|s| s.record_count() > 0)
+        .map(|s| s.first_epoch().map(|e| e.map_or(0, |e| u64::try_from(e).unwrap_or(0))))
+        .try_fold(fence, |max, e| e.map(|e| max.max(e)))?;
+    if newest_seen > part.epoch {
+        return Err(StoreError::Failed(format!(
+            "the metadata view of the partition is at epoch {} but its local log has seen epoch {newest_seen}: \
+             nothing is cut by a view that old; retry with a fresh one",
+            part.epoch
+        )));
+    }
     let Some(first) = part.segments.keys().next().copied() else { return Ok(0) };
     let mut cuts = Vec::new();
     for s in log.segments() {
@@ -154,8 +172,8 @@ impl Replica {
     /// Opens the log in `dir`, cut back to what metadata recorded.
     pub fn open(dir: &Path, topic_id: u64, part: &Partition) -> Result<Replica, StoreError> {
         let (mut log, _) = PartitionLog::open(dir)?;
-        trim_to_metadata(&mut log, part)?;
         let fence = read_fence(dir)?;
+        trim_to_metadata(&mut log, part, fence)?;
         Ok(Replica { topic_id, dir: dir.to_path_buf(), log, fence, committed: None })
     }
 
@@ -293,6 +311,8 @@ mod tests {
                 },
             );
         }
+        // The partition's epoch is its newest writer's: at least every segment's.
+        p.epoch = segments.iter().map(|s| s.3).max().unwrap_or(0);
         p
     }
 
@@ -307,6 +327,9 @@ mod tests {
         let e = r.admit("t", 0, 4).unwrap_err();
         assert!(matches!(e, StoreError::Fenced { fence: 5, epoch: 4, .. }), "{e}");
         drop(r);
+        // Reopened with metadata that knows the writer of epoch 5 (one that does not is
+        // refused: `a_stale_view_of_metadata_cuts_nothing`).
+        let part = Partition { epoch: 5, ..part };
         let mut r = Replica::open(dir.path(), 1, &part).unwrap();
         assert_eq!(r.fence(), 5, "the fence is durable");
         assert!(r.admit("t", 0, 4).is_err());
@@ -353,6 +376,28 @@ mod tests {
             );
         }
         assert_eq!(held, [(0, 2, 1), (3, 3, 2)], "the unacknowledged tail is gone, the new segment follows");
+    }
+
+    #[test]
+    fn a_stale_view_of_metadata_cuts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = partition(&[(0, Some(1), SegmentState::Sealed, 4), (2, None, SegmentState::Open, 5)]);
+        {
+            let mut r = Replica::open(dir.path(), 1, &fresh).unwrap();
+            r.admit("t", 0, 5).unwrap();
+            r.append(2, 5, &[batch(2, 3, 5)]).unwrap();
+        }
+        // A copy of metadata from before epoch 5 knows neither the writer nor its segment.
+        let stale = partition(&[(0, None, SegmentState::Open, 4)]);
+        let e = Replica::open(dir.path(), 1, &stale).unwrap_err();
+        assert!(e.to_string().contains("epoch 4") && e.to_string().contains("epoch 5"), "{e}");
+        // Nothing was cut: a fresh view finds the acknowledged batches where they were.
+        let r = Replica::open(dir.path(), 1, &fresh).unwrap();
+        let read = r.reader().read(2, 1 << 20).unwrap();
+        assert_eq!(
+            read.batches.iter().map(|b| (b.base_offset(), b.last_offset())).collect::<Vec<_>>(),
+            [(2, 4)]
+        );
     }
 
     #[test]
