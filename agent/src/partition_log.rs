@@ -52,11 +52,10 @@ pub struct ReadResult {
     pub high_watermark: u64,
 }
 
-/// Where the log in the partition directory `dir` ends: the offset after the last batch its
-/// last segment file holds, or that file's base offset when it holds none (offsets below it
-/// were handed out). Read without changing anything (see [`Segment::end_offset_held`]);
-/// `None` when `dir` holds no segment file.
-pub fn end_offset_held(dir: &Path) -> Result<Option<u64>, StoreError> {
+/// The offsets each segment file in the partition directory `dir` holds, as `(base, end)`
+/// with `end` exclusive (equal to `base` for a file that holds no batch), in offset order.
+/// Read without changing anything (see [`Segment::end_offset_held`]).
+pub fn segment_ranges_held(dir: &Path) -> Result<Vec<(u64, u64)>, StoreError> {
     let mut bases: Vec<u64> = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, "list", e))? {
         let entry = entry.map_err(|e| StoreError::io(dir, "list", e))?;
@@ -66,8 +65,14 @@ pub fn end_offset_held(dir: &Path) -> Result<Option<u64>, StoreError> {
             bases.push(base);
         }
     }
-    let Some(last) = bases.into_iter().max() else { return Ok(None) };
-    Segment::end_offset_held(&dir.join(crate::segment::log_file_name(last)), last).map(Some)
+    bases.sort_unstable();
+    bases
+        .into_iter()
+        .map(|base| {
+            Segment::end_offset_held(&dir.join(crate::segment::log_file_name(base)), base)
+                .map(|end| (base, end))
+        })
+        .collect()
 }
 
 impl PartitionLog {

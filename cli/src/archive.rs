@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use serde::Serialize;
-use silt_agent::partition_log::end_offset_held;
+use silt_agent::partition_log::segment_ranges_held;
 use silt_metadata::{Command, MetadataNode, TopicConfig};
 use silt_tiering::archive_format::{read_archive_meta, ArchiveMeta};
 use silt_tiering::object_layout::parse_object_key;
@@ -49,8 +49,36 @@ struct LocalPartition {
     topic: String,
     topic_id: u64,
     partition: u32,
-    /// Where the local log ends.
+    /// The offsets each segment file holds, `(base, end)`, end exclusive.
+    ranges: Vec<(u64, u64)>,
+    /// Where the local log ends: the last file's end (its base when it holds nothing).
     end: u64,
+}
+
+/// The parts of `[base, end)` that no range of `covered` (`(base, end)`, sorted, end
+/// exclusive) holds.
+fn uncovered(base: u64, end: u64, covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut next = base;
+    for &(b, e) in covered {
+        if e <= next {
+            continue;
+        }
+        if b >= end {
+            break;
+        }
+        if b > next {
+            out.push((next, b));
+        }
+        next = next.max(e);
+        if next >= end {
+            break;
+        }
+    }
+    if next < end {
+        out.push((next, end));
+    }
+    out
 }
 
 fn now_ms() -> u64 {
@@ -95,10 +123,17 @@ fn local_partitions(log_dirs: &[PathBuf]) -> Result<Vec<LocalPartition>> {
                     continue;
                 };
                 let dir = partition_entry.path();
-                let end = end_offset_held(&dir)
+                let ranges = segment_ranges_held(&dir)
                     .with_context(|| format!("cannot read the log in {}", dir.display()))?;
-                if let Some(end) = end {
-                    out.push(LocalPartition { dir, topic: topic.to_string(), topic_id: id, partition, end });
+                if let Some(&(_, end)) = ranges.last() {
+                    out.push(LocalPartition {
+                        dir,
+                        topic: topic.to_string(),
+                        topic_id: id,
+                        partition,
+                        ranges,
+                        end,
+                    });
                 }
             }
         }
@@ -158,13 +193,19 @@ pub async fn rebuild_metadata(
         }
         footers.push((meta, object));
     }
-    let mut archived_end: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    // What the archive holds of each partition, `(base, end)` sorted.
+    let mut archived: BTreeMap<(String, u32), Vec<(u64, u64)>> = BTreeMap::new();
     for (meta, _) in &footers {
-        let end = archived_end.entry((meta.topic.clone(), meta.partition)).or_default();
-        *end = (*end).max(meta.last_offset + 1);
+        let ranges = archived.entry((meta.topic.clone(), meta.partition)).or_default();
+        ranges.push((meta.base_offset, meta.last_offset + 1));
+    }
+    for ranges in archived.values_mut() {
+        ranges.sort_unstable();
     }
 
-    // Local data of a live topic past the archive may have been acknowledged.
+    // Local data of a live topic that the archive does not hold may have been acknowledged.
+    // Every local segment file counts, not only the last: the compactor archives segments in
+    // parallel, so an older one may not be archived while a newer one is.
     let log_dirs = local_log_dirs(data_dir)?;
     let local = local_partitions(&log_dirs)?;
     let is_live = |l: &LocalPartition| {
@@ -174,17 +215,20 @@ pub async fn rebuild_metadata(
     let unarchived: Vec<String> = local
         .iter()
         .filter(|l| is_live(l))
-        .filter_map(|l| {
-            let archived = archived_end.get(&(l.topic.clone(), l.partition)).copied().unwrap_or(0);
-            (l.end > archived).then(|| {
-                format!(
-                    "{}/{}: offsets {archived}..{} are in {} and not in the archive",
-                    l.topic,
-                    l.partition,
-                    l.end,
-                    l.dir.display()
-                )
-            })
+        .flat_map(|l| {
+            let covered = archived.get(&(l.topic.clone(), l.partition)).map_or(&[][..], Vec::as_slice);
+            l.ranges
+                .iter()
+                .flat_map(|&(base, end)| uncovered(base, end, covered))
+                .map(|(from, to)| {
+                    format!(
+                        "{}/{}: offsets {from}..{to} are in {} and not in the archive",
+                        l.topic,
+                        l.partition,
+                        l.dir.display()
+                    )
+                })
+                .collect::<Vec<_>>()
         })
         .collect();
     if !unarchived.is_empty() && !discard_unarchived {
@@ -213,13 +257,8 @@ pub async fn rebuild_metadata(
             .await
             .with_context(|| format!("cannot restore topic '{}'", d.name))?;
     }
-    let reserved = described
-        .deleted
-        .iter()
-        .map(|(_, id)| *id)
-        .chain(local.iter().map(|l| l.topic_id))
-        .max()
-        .map_or(0, |id| id + 1);
+    let reserved =
+        described.highest_id.into_iter().chain(local.iter().map(|l| l.topic_id)).max().map_or(0, |id| id + 1);
     metadata.write(Command::ReserveTopicIds { below: reserved }).await?;
     let mut undescribed: BTreeMap<String, u32> = BTreeMap::new();
     for (meta, _) in &footers {
@@ -293,4 +332,21 @@ pub async fn rebuild_metadata(
         discarded_unarchived: if discard_unarchived { unarchived } else { Vec::new() },
         moved_local_data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uncovered;
+
+    #[test]
+    fn the_parts_of_a_range_the_archive_does_not_hold() {
+        let archived = [(0, 10), (20, 30), (30, 35)];
+        let none: Vec<(u64, u64)> = Vec::new();
+        assert_eq!(uncovered(0, 10, &archived), none);
+        assert_eq!(uncovered(0, 35, &archived), [(10, 20)], "an older segment not archived yet");
+        assert_eq!(uncovered(5, 40, &archived), [(10, 20), (35, 40)]);
+        assert_eq!(uncovered(40, 50, &archived), [(40, 50)]);
+        assert_eq!(uncovered(7, 7, &archived), none, "an empty file");
+        assert_eq!(uncovered(3, 8, &[]), [(3, 8)]);
+    }
 }

@@ -82,6 +82,7 @@ type Expired = (String, u32, Vec<(u64, String)>);
 #[derive(Debug, Clone)]
 struct Candidate {
     topic: String,
+    topic_id: u64,
     partitions: u32,
     partition: u32,
     segment: Segment,
@@ -153,11 +154,15 @@ impl Compactor {
     /// One round: archive every sealed segment, then apply retention. Returns how many segments
     /// were archived.
     pub async fn run_once(&self) -> usize {
-        let undescribed = self.describe_topics().await;
+        self.describe_topics().await;
         let mut candidates = self.candidates();
         self.update_lag(&candidates);
-        // No object goes into the bucket before its topic is described there.
-        candidates.retain(|c| !undescribed.contains(&c.topic));
+        // No object goes into the bucket before its topic (that incarnation of it) is
+        // described there.
+        {
+            let described = self.inner.described.lock().unwrap_or_else(|e| e.into_inner());
+            candidates.retain(|c| described.contains_key(&(c.topic.clone(), c.topic_id)));
+        }
         let concurrency = Arc::new(Semaphore::new(self.inner.config.concurrency_max.max(1)));
         let mut tasks = tokio::task::JoinSet::new();
         for c in candidates {
@@ -194,9 +199,9 @@ impl Compactor {
     }
 
     /// Writes the description of every topic in scope whose configs changed since it was last
-    /// written (all of them on the first round). Returns the topics that could not be
-    /// described this round.
-    async fn describe_topics(&self) -> Vec<String> {
+    /// written (all of them on the first round). A topic that could not be described is not
+    /// archived this round.
+    async fn describe_topics(&self) {
         let holder = self.inner.config.holder.as_deref();
         let topics: Vec<TopicDescriptor> = self.inner.metadata.read_local(|s| {
             s.topics
@@ -220,7 +225,6 @@ impl Compactor {
                 .filter(|t| described.get(&(t.name.clone(), t.id)) != Some(&t.config_version))
                 .collect()
         };
-        let mut failed = Vec::new();
         for d in stale {
             match write_descriptor(self.inner.store.as_ref(), &self.inner.prefix, &d).await {
                 Ok(()) => {
@@ -229,11 +233,9 @@ impl Compactor {
                 }
                 Err(e) => {
                     warn!(error = %e, topic = %d.name, "describing the topic in the bucket failed; its segments wait");
-                    failed.push(d.name);
                 }
             }
         }
-        failed
     }
 
     fn candidates(&self) -> Vec<Candidate> {
@@ -262,6 +264,7 @@ impl Compactor {
                             })
                             .map(move |seg| Candidate {
                                 topic: t.name.clone(),
+                                topic_id: t.id,
                                 partitions: t.partitions.len() as u32,
                                 partition: p as u32,
                                 segment: seg.clone(),

@@ -30,13 +30,18 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 
 /// Creates `dir` and its missing parents durably: each directory created is fsynced into its
 /// parent, so that a node that crashes right after creating its log (and voting) finds it again.
+/// `dir`'s own entry is synced into its parent even when it exists: an earlier run may have
+/// created it and crashed before its fsync.
 pub(crate) fn create_dir_all_durably(dir: &Path) -> io::Result<()> {
     create_dir_all_durably_with(dir, &sync_dir)
 }
 
 fn create_dir_all_durably_with(dir: &Path, sync: &dyn Fn(&Path) -> io::Result<()>) -> io::Result<()> {
-    let missing: Vec<&Path> =
+    let mut missing: Vec<&Path> =
         dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
+    if missing.is_empty() {
+        missing.push(dir);
+    }
     fs::create_dir_all(dir)?;
     for created in missing.iter().rev() {
         match created.parent() {
@@ -105,10 +110,10 @@ mod tests {
         assert!(target.is_dir());
         let want = [dir.path().to_path_buf(), dir.path().join("node"), dir.path().join("node").join("raft")];
         assert_eq!(*synced.lock().unwrap(), want);
-        // Nothing created, nothing synced.
+        // Nothing created: its entry is synced again all the same.
         synced.lock().unwrap().clear();
         create_dir_all_durably_with(&target, &record).unwrap();
-        assert!(synced.lock().unwrap().is_empty());
+        assert_eq!(*synced.lock().unwrap(), [dir.path().join("node").join("raft")]);
     }
 
     #[test]

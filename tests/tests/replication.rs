@@ -370,6 +370,75 @@ impl Producers {
     }
 }
 
+/// Readers that replay every partition through any agent, round and round, while faults come
+/// and go: what they were served, by (partition, offset). A read of anything not committed (past
+/// the high watermark, a tail a recovery cut) would show at the end as a message the log does
+/// not hold at that offset.
+struct Readers {
+    stop: Arc<AtomicBool>,
+    read: Arc<Mutex<BTreeMap<(u32, u64), String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Readers {
+    fn start(n: usize, topic: &str, urls: Arc<Mutex<Vec<String>>>) -> Readers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let read = Arc::new(Mutex::new(BTreeMap::new()));
+        let tasks = (0..n)
+            .map(|r| {
+                let (stop, read, urls, topic) =
+                    (Arc::clone(&stop), Arc::clone(&read), Arc::clone(&urls), topic.to_string());
+                tokio::spawn(async move {
+                    let mut next = [0u64; PARTITIONS as usize];
+                    let mut turn = r;
+                    while !stop.load(Ordering::Relaxed) {
+                        turn += 1;
+                        let partition = (turn % PARTITIONS as usize) as u32;
+                        let url = {
+                            let urls = urls.lock().expect("urls");
+                            urls[turn % urls.len()].clone()
+                        };
+                        let client = Client::with_timeout(&url, Duration::from_secs(5)).expect("client");
+                        let from = next[partition as usize];
+                        match client.replay(&topic, partition, Some(from), None, 500).await {
+                            Ok(page) => {
+                                let mut read = read.lock().expect("read");
+                                for m in &page.messages {
+                                    let value = m.value.clone().unwrap_or_default();
+                                    if let Some(old) = read.insert((partition, m.offset), value.clone()) {
+                                        assert_eq!(
+                                            old, value,
+                                            "two messages read at {partition}/{}",
+                                            m.offset
+                                        );
+                                    }
+                                }
+                                // Start over now and then: offsets read before are read again.
+                                next[partition as usize] = if page.messages.is_empty() || turn % 7 == 0 {
+                                    0
+                                } else {
+                                    page.next_offset
+                                };
+                            }
+                            // Faults: an agent that is down, paused or deposed. Try another.
+                            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                        }
+                    }
+                })
+            })
+            .collect();
+        Readers { stop, read, tasks }
+    }
+
+    async fn stop(self) -> BTreeMap<(u32, u64), String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("reader task");
+        }
+        Arc::try_unwrap(self.read).map_err(|_| ()).expect("sole owner").into_inner().expect("read")
+    }
+}
+
 fn offset_of(id: &str) -> (u32, u64) {
     let mut parts = id.rsplitn(3, '/');
     let offset = parts.next().and_then(|o| o.parse().ok()).expect("offset in id");
@@ -377,8 +446,14 @@ fn offset_of(id: &str) -> (u32, u64) {
     (partition, offset)
 }
 
-/// Reads every partition back from offset 0 and checks it against what was acknowledged.
-async fn check(client: &Client, topic: &str, acked: &BTreeMap<(u32, u64), String>) {
+/// Reads every partition back from offset 0 and checks it against what was acknowledged;
+/// returns what it read.
+async fn check(
+    client: &Client,
+    topic: &str,
+    acked: &BTreeMap<(u32, u64), String>,
+) -> BTreeMap<(u32, u64), String> {
+    let mut whole = BTreeMap::new();
     for partition in 0..PARTITIONS {
         let mut log: BTreeMap<u64, String> = BTreeMap::new();
         let mut next = 0;
@@ -420,7 +495,9 @@ async fn check(client: &Client, topic: &str, acked: &BTreeMap<(u32, u64), String
                 assert!(seq > prev, "{producer}'s message {seq} at offset {offset} comes after {prev}");
             }
         }
+        whole.extend(log.into_iter().map(|(offset, value)| ((partition, offset), value)));
     }
+    whole
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -486,9 +563,11 @@ async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
     .await;
 }
 
-/// One fault at a time on a running cluster, each followed by recovery: how many rounds run
-/// is `SILT_TEST_FAULT_ROUNDS` (default 6: every kind of fault once, the writer killed twice);
-/// `SILT_TEST_FAULT` (for example "pause the writer") runs that kind in every round.
+/// Faults on a running cluster, each followed by recovery, while producers write and readers
+/// replay every partition through any agent: how many rounds run is `SILT_TEST_FAULT_ROUNDS`
+/// (default 8: every kind of fault once, the writer killed twice); `SILT_TEST_FAULT` (for
+/// example "pause the writer") runs that kind in every round. One kind is two faults at once
+/// (the writer and a follower killed together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wiped_disks() {
     let mut cluster = Cluster::start().await;
@@ -497,8 +576,9 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
         cluster.writer_and_followers("events", p).await;
     }
     let producers = Producers::start(3, "events", Arc::clone(&cluster.urls));
+    let readers = Readers::start(2, "events", Arc::clone(&cluster.urls));
     let rounds: usize =
-        std::env::var("SILT_TEST_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(6).max(1);
+        std::env::var("SILT_TEST_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(8).max(1);
     let mut recoveries: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     for round in 0..rounds {
         let partition = (round % PARTITIONS as usize) as u32;
@@ -509,13 +589,14 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
             (producers.acked_count() >= before + 200).then_some(())
         })
         .await;
-        const FAULTS: [&str; 6] = [
+        const FAULTS: [&str; 7] = [
             "kill the writer",
             "kill a follower",
             "pause the writer",
             "wipe the writer",
             "isolate the writer",
             "cut the writer from the agents",
+            "kill the writer and a follower",
         ];
         // `SILT_TEST_FAULT` runs one kind only, in every round.
         let only = std::env::var("SILT_TEST_FAULT").ok();
@@ -533,6 +614,20 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
                     .push(producers.acked_after(partition, at, &cluster).await);
                 cluster.agents[w].restart();
                 cluster.refresh_urls();
+            }
+            "kill the writer and a follower" => {
+                // Two of three replicas gone at once: the partition cannot reach W until one
+                // is back; both come back, and nothing acknowledged is lost.
+                let f = cluster.index_of(&followers[0]);
+                cluster.agents[w].kill9();
+                cluster.agents[f].kill9();
+                cluster.agents[f].restart();
+                cluster.agents[w].restart();
+                cluster.refresh_urls();
+                recoveries
+                    .entry(fault)
+                    .or_default()
+                    .push(producers.acked_after(partition, at, &cluster).await);
             }
             "kill a follower" => {
                 let f = cluster.index_of(&followers[0]);
@@ -615,7 +710,12 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
         }
     }
     let acked = producers.stop().await;
-    eprintln!("{rounds} fault rounds, {} messages acknowledged", acked.len());
+    let read = readers.stop().await;
+    eprintln!(
+        "{rounds} fault rounds, {} messages acknowledged, {} read during them",
+        acked.len(),
+        read.len()
+    );
     for (fault, mut times) in recoveries {
         times.sort();
         eprintln!(
@@ -626,7 +726,16 @@ async fn acknowledged_messages_survive_rounds_of_kills_pauses_partitions_and_wip
         );
     }
     for agent in &cluster.agents {
-        check(&agent.client(), "events", &acked).await;
+        let log = check(&agent.client(), "events", &acked).await;
+        // What was read during the faults is in the log, at the offset it was read at.
+        for ((partition, offset), value) in &read {
+            assert_eq!(
+                log.get(&(*partition, *offset)),
+                Some(value),
+                "read at {partition}/{offset} during the faults"
+            );
+        }
+        assert!(read.len() > acked.len() / 10, "the readers read {} of {} messages", read.len(), acked.len());
     }
 }
 

@@ -463,8 +463,8 @@ async fn archive_round_trip_localstack() {
     round_trip(Backend::LocalStack, false).await;
 }
 
-/// Produces `count` messages of 1,000 bytes to partition 0 of `topic`, stamped from `ts` on:
-/// their offsets.
+/// Produces `count` messages of 1,000 bytes to partition 0 of `topic`, stamped from `ts` on,
+/// 20 to a request (a batch each, so that segments can roll between them): their offsets.
 async fn produce_to(client: &Client, topic: &str, count: usize, ts: i64) -> Vec<u64> {
     let messages: Vec<OutMessage> = (0..count)
         .map(|i| OutMessage {
@@ -474,8 +474,14 @@ async fn produce_to(client: &Client, topic: &str, count: usize, ts: i64) -> Vec<
             ..Default::default()
         })
         .collect();
-    let ids = client.produce(topic, &messages).await.expect("produce");
-    ids.iter().map(|id| id.rsplit('/').next().and_then(|o| o.parse().ok()).expect("offset")).collect()
+    let mut offsets = Vec::with_capacity(count);
+    for chunk in messages.chunks(20) {
+        let ids = client.produce(topic, chunk).await.expect("produce");
+        offsets.extend(
+            ids.iter().map(|id| id.rsplit('/').next().and_then(|o| o.parse::<u64>().ok()).expect("offset")),
+        );
+    }
+    offsets
 }
 
 /// Waits until the archive of `topic` holds `records` records.
@@ -497,28 +503,43 @@ async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_ne
     let options = DevOptions { args: vec!["--agents".into(), "3".into()], ..DevOptions::default() };
     let mut dev = SiltDev::start_with(options);
     let client = dev.client();
+    // Segments roll on size only: the last one stays open, on the agents' disks only.
     let config = topic_config(&[
         ("replication.factor", "3"),
         ("segment.bytes", "65536"),
-        ("segment.ms", "200"),
+        ("segment.ms", "3600000"),
         ("retention.ms", "-1"),
         ("local.retention.ms", "0"),
     ]);
     client.create_topic("kept", 1, &config).await.expect("create");
     client.alter_topic_config("kept", &topic_config(&[("max.deliveries", "9")])).await.expect("alter");
     // A month old: the default retention.ms would delete all of it.
-    let archived = produce_to(&client, "kept", 300, base_ts()).await;
-    wait_archived(&client, "kept", archived.len() as u64).await;
-    // The next messages stay in the open segment, on the agents' disks only.
-    client.alter_topic_config("kept", &topic_config(&[("segment.ms", "3600000")])).await.expect("alter");
-    let hot = produce_to(&client, "kept", 10, now_ms()).await;
-    assert_eq!(hot.first(), Some(&(archived.len() as u64)));
+    let produced = produce_to(&client, "kept", 300, base_ts()).await;
+    assert_eq!(produced, (0..300).collect::<Vec<u64>>());
+    // Every sealed segment archived: what is left is the open segment's.
+    let archived = wait_for("every sealed segment archived", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move {
+            let t = client.describe_topic("kept").await.expect("describe");
+            let sealed: u64 = t["partitions"][0]["segments"]
+                .as_array()?
+                .iter()
+                .filter(|s| s["state"] != "open")
+                .map(|s| s["record_count"].as_u64().unwrap_or(0))
+                .sum();
+            let objects = client.archive_list("kept").await.expect("archive ls");
+            let n: u64 = objects.iter().filter_map(|o| o["records"].as_u64()).sum();
+            (n == sealed && n > 0).then_some(n)
+        }
+    })
+    .await;
+    assert!(archived < 300, "the open segment holds the last records: {archived} archived");
     let before = client.describe_topic("kept").await.expect("describe");
 
     dev.stop();
     std::fs::remove_dir_all(dev.data_dir().join("metadata")).expect("delete metadata");
     let refused = rebuild_metadata_with(&dev, &[]).expect_err("a rebuild that would drop acknowledged data");
-    assert!(refused.contains("kept/0: offsets 300..310"), "{refused}");
+    assert!(refused.contains(&format!("kept/0: offsets {archived}..300")), "{refused}");
     assert!(refused.contains("--discard-unarchived"), "{refused}");
     assert!(!dev.data_dir().join("metadata").exists(), "a refused rebuild changed metadata");
     assert!(dev.data_dir().join("agent").join("log").is_dir(), "a refused rebuild moved the local logs");
@@ -541,12 +562,12 @@ async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_ne
     // The offsets of the discarded messages are never handed out again.
     client.alter_topic_config("kept", &topic_config(&[("segment.ms", "200")])).await.expect("alter");
     let next = produce_to(&client, "kept", 1, now_ms()).await;
-    assert_eq!(next, [310]);
+    assert_eq!(next, [300]);
     // Two more archive rounds, each followed by retention: the month-old archive stays.
-    wait_archived(&client, "kept", 301).await;
+    wait_archived(&client, "kept", archived + 1).await;
     let last = produce_to(&client, "kept", 1, now_ms()).await;
-    assert_eq!(last, [311]);
-    wait_archived(&client, "kept", 302).await;
+    assert_eq!(last, [301]);
+    wait_archived(&client, "kept", archived + 2).await;
     let mut offsets = Vec::new();
     loop {
         let from = offsets.last().map_or(0, |o| o + 1);
@@ -556,7 +577,7 @@ async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_ne
         }
         offsets.extend(page.messages.iter().map(|m| m.offset));
     }
-    let want: Vec<u64> = archived.iter().copied().chain([310, 311]).collect();
+    let want: Vec<u64> = (0..archived).chain([300, 301]).collect();
     assert_eq!(offsets, want);
 }
 

@@ -65,6 +65,20 @@ impl DurableLocalStore {
         DurableLocalStore { syncer, ..self }
     }
 
+    /// [`DurableLocalStore::make_durable`]; when that fails, the object is deleted before the
+    /// error is returned: after a failed fsync the kernel may have dropped its pages, and a
+    /// later attempt that found the object in place (and its fsync error already reported)
+    /// would take a copy that is only in memory for a durable one.
+    async fn durable_or_deleted(&self, location: &Path) -> object_store::Result<()> {
+        if let Err(e) = self.make_durable(location).await {
+            if let Err(d) = self.inner.delete(location).await {
+                tracing::warn!(error = %d, object = %location, "deleting an object whose fsync failed failed too");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Fsyncs the file of `location`, then its directories up to the root.
     async fn make_durable(&self, location: &Path) -> object_store::Result<()> {
         let file = self.inner.path_to_filesystem(location)?;
@@ -97,9 +111,19 @@ impl ObjectStore for DurableLocalStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        let result = self.inner.put_opts(location, payload, opts).await?;
-        self.make_durable(location).await?;
-        Ok(result)
+        match self.inner.put_opts(location, payload, opts).await {
+            Ok(result) => {
+                self.durable_or_deleted(location).await?;
+                Ok(result)
+            }
+            // What is there may be an earlier put whose fsync failed, or that a crash cut short
+            // of it: make it durable before the caller trusts it.
+            Err(e @ object_store::Error::AlreadyExists { .. }) => {
+                self.make_durable(location).await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn put_multipart_opts(
@@ -149,12 +173,18 @@ impl ObjectStore for DurableLocalStore {
 
     async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
         self.inner.copy(from, to).await?;
-        self.make_durable(to).await
+        self.durable_or_deleted(to).await
     }
 
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await?;
-        self.make_durable(to).await
+        match self.inner.copy_if_not_exists(from, to).await {
+            Ok(()) => self.durable_or_deleted(to).await,
+            Err(e @ object_store::Error::AlreadyExists { .. }) => {
+                self.make_durable(to).await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -174,7 +204,7 @@ impl MultipartUpload for DurableUpload {
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
         let result = self.inner.complete().await?;
-        self.store.make_durable(&self.location).await?;
+        self.store.durable_or_deleted(&self.location).await?;
         Ok(result)
     }
 
@@ -227,12 +257,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_put_whose_sync_fails_fails() {
+    async fn a_put_whose_sync_fails_fails_and_leaves_no_object_a_retry_could_take_for_durable() {
         let dir = tempfile::tempdir().unwrap();
-        let local = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
-        let store = DurableLocalStore::new(local, dir.path().to_path_buf())
-            .with_syncer(Arc::new(|_| Err(std::io::Error::other("EIO"))));
-        let err = store.put(&Path::from("a/b"), PutPayload::from_static(b"x")).await.unwrap_err();
+        let root = dir.path().canonicalize().unwrap();
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let synced = Arc::new(Mutex::new(Vec::new()));
+        let (f, log) = (Arc::clone(&failing), Arc::clone(&synced));
+        let local = LocalFileSystem::new_with_prefix(&root).unwrap();
+        let store = DurableLocalStore::new(local, root.clone()).with_syncer(Arc::new(move |p| {
+            if f.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::other("EIO"));
+            }
+            log.lock().unwrap().push(p.to_path_buf());
+            Ok(())
+        }));
+        let key = Path::from("a/b");
+        let create = || PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
+        let err = store.put_opts(&key, PutPayload::from_static(b"x"), create()).await.unwrap_err();
         assert!(err.to_string().contains("EIO"), "{err}");
+        assert!(
+            matches!(store.head(&key).await, Err(object_store::Error::NotFound { .. })),
+            "the object is gone"
+        );
+        // An object already there (a crash between the rename and the fsync) is made durable
+        // before a conditional put reports it.
+        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        std::fs::create_dir_all(root.join("a")).unwrap();
+        std::fs::write(root.join("a/b"), b"x").unwrap();
+        let err = store.put_opts(&key, PutPayload::from_static(b"x"), create()).await.unwrap_err();
+        assert!(matches!(err, object_store::Error::AlreadyExists { .. }), "{err}");
+        assert_eq!(synced.lock().unwrap().first(), Some(&root.join("a/b")));
     }
 }

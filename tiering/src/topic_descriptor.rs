@@ -140,8 +140,9 @@ fn decode(key: &Path, bytes: &[u8]) -> Result<TopicDescriptor, TieringError> {
     Ok(d)
 }
 
-/// Writes `d` unless that version is in the bucket already, then deletes the older versions
-/// of the same topic id. Idempotent; safe to run from several processes at once.
+/// Writes `d` unless that version is in the bucket already (a different description under
+/// the same version is kept, with a warning), then deletes the older versions of the same
+/// topic id. Idempotent; safe to run from several processes at once.
 pub async fn write_descriptor(
     store: &dyn ObjectStore,
     prefix: &Path,
@@ -156,10 +157,10 @@ pub async fn write_descriptor(
         Err(object_store::Error::AlreadyExists { .. }) => {
             let existing = decode(&key, &get_small(store, &key).await?)?;
             if &existing != d {
-                return Err(TieringError::InvalidArchive(format!(
-                    "{key} already describes topic '{}' otherwise: {existing:?}, not {d:?}",
-                    d.name
-                )));
+                // Two metadata nodes counted versions differently (a snapshot from before
+                // versions were kept): the first description stays until the next version
+                // replaces it. Archiving must not stop for that.
+                tracing::warn!(object = %key, ?existing, wanted = ?d, "the bucket describes this version of the topic otherwise; keeping it");
             }
         }
         Err(e) => return Err(TieringError::object_store("put", &key, e)),
@@ -209,6 +210,8 @@ pub struct DescribedTopics {
     pub deleted: BTreeSet<(String, u64)>,
     /// Descriptions that could not be read, and why.
     pub skipped: Vec<(String, String)>,
+    /// The highest topic id any key names, readable or not: ids up to it were handed out.
+    pub highest_id: Option<u64>,
 }
 
 impl DescribedTopics {
@@ -234,7 +237,11 @@ pub async fn read_descriptors(
     // (name, id) -> the highest version's key.
     let mut newest: BTreeMap<(String, u64), (u64, Path)> = BTreeMap::new();
     for o in listed {
-        match parse_key(&o.location) {
+        let parsed = parse_key(&o.location);
+        if let Some(DescriptorObject::Tombstone { id, .. } | DescriptorObject::Version { id, .. }) = &parsed {
+            out.highest_id = out.highest_id.max(Some(*id));
+        }
+        match parsed {
             Some(DescriptorObject::Tombstone { name, id }) => {
                 out.deleted.insert((name, id));
             }
@@ -318,9 +325,9 @@ mod tests {
         write_descriptor(&store, &prefix, &descriptor("a", 1, 3, Some(5))).await.unwrap();
         // A writer that is behind writes an old version again: the newest still wins.
         write_descriptor(&store, &prefix, &descriptor("a", 1, 1, Some(9))).await.unwrap();
-        // Same version, same bytes, twice: fine. Same version, other contents: refused.
+        // Same version, same bytes, twice: fine. Same version, other contents: the first stays.
         write_descriptor(&store, &prefix, &descriptor("a", 1, 3, Some(5))).await.unwrap();
-        assert!(write_descriptor(&store, &prefix, &descriptor("a", 1, 3, Some(6))).await.is_err());
+        write_descriptor(&store, &prefix, &descriptor("a", 1, 3, Some(6))).await.unwrap();
         // "b" was deleted and created again with id 4; "c" deleted for good.
         write_descriptor(&store, &prefix, &descriptor("b", 2, 0, None)).await.unwrap();
         write_tombstone(&store, &prefix, "b", 2).await.unwrap();
@@ -336,6 +343,7 @@ mod tests {
         assert_eq!(read.deleted, BTreeSet::from([("b".to_string(), 2), ("c".to_string(), 3)]));
         assert!(read.only_deleted("c") && !read.only_deleted("b") && !read.only_deleted("d"));
         assert!(read.skipped.is_empty(), "{:?}", read.skipped);
+        assert_eq!(read.highest_id, Some(4));
         // Versions below the newest were deleted when it was written (again, after the one
         // that was behind).
         let a: Vec<_> = store.list(Some(&id_dir(&prefix, "a", 1))).try_collect().await.unwrap();
