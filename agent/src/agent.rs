@@ -1401,7 +1401,17 @@ impl Agent {
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
         let t = self.topic(name).await?;
         let (id, count) = (t.id, t.partitions.len() as u32);
-        self.inner.metadata.write(Command::DeleteTopic { name: name.to_string() }).await?;
+        // Of this incarnation only: a retry that finds the name created again deletes nothing.
+        self.inner
+            .metadata
+            .write(Command::DeleteTopic { name: name.to_string(), topic_id: Some(id) })
+            .await?;
+        // Keys from before ids were part of them are this topic's when its segments named them.
+        let referenced: std::collections::HashSet<String> = t
+            .partitions
+            .iter()
+            .flat_map(|p| p.segments.values().filter_map(|s| s.object_key.clone()))
+            .collect();
         for p in 0..count {
             self.stop_writer(name, p).await;
         }
@@ -1430,7 +1440,17 @@ impl Agent {
                 store.list(Some(&topic_prefix)).try_collect().await;
             match listed {
                 Ok(objects) => {
-                    for o in objects {
+                    // Only this incarnation's: a topic created again under the name has its own.
+                    let ours =
+                        objects.into_iter().filter(|o| match silt_tiering::object_layout::parse_object_key(
+                            &o.location,
+                        )
+                        .map(|n| n.topic_id)
+                        {
+                            Some(Some(object_id)) => object_id == id,
+                            _ => referenced.contains(o.location.as_ref()),
+                        });
+                    for o in ours {
                         if let Err(e) = store.delete(&o.location).await {
                             warn!(error = %e, object = %o.location, "deleting an object of a deleted topic failed");
                         }

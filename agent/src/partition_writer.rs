@@ -26,6 +26,11 @@ use crate::peer::{Peers, ReplicaTarget, REPLICA_READ_BYTES_MAX};
 use crate::replica::{join_batches, read_fence, split_batches, trim_to_metadata, write_fence, HeldSegment};
 use crate::replication::{Ensemble, FollowerLag};
 
+/// How long a recovery waits, once it has the answers it needs, for the open segment's other
+/// members: each that answers in time is a holder of the sealed segment (it gets the tail
+/// copied); one still silent is not, and repair copies the segment to another agent.
+const RECOVERY_LATE_ANSWERS_WAIT: Duration = Duration::from_millis(500);
+
 /// Most bytes of appends waiting for one partition's writer; producers wait beyond that.
 pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Most bytes written between two fsyncs.
@@ -356,6 +361,15 @@ impl PartitionWriter {
         while held.len() < needed {
             let Some((m, answer)) = fences.next().await else { break };
             classify(m, answer, &mut held, &mut missing, &mut lost);
+        }
+        // The seal names exactly the members that hold the sealed range: the others get a
+        // moment to answer too, so that a member that is merely slower stays a holder (one
+        // that answers is fenced, and gets the tail copied like the rest).
+        if held.len() >= needed {
+            let until = tokio::time::Instant::now() + RECOVERY_LATE_ANSWERS_WAIT;
+            while let Ok(Some((m, answer))) = tokio::time::timeout_at(until, fences.next()).await {
+                classify(m, answer, &mut held, &mut missing, &mut lost);
+            }
         }
         drop(fences);
         let counted = held.len();

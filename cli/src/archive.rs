@@ -172,10 +172,27 @@ pub async fn rebuild_metadata(
         (&a.topic, a.partition, a.base_offset).cmp(&(&b.topic, b.partition, b.base_offset))
     });
     let mut footers: Vec<(ArchiveMeta, object_store::ObjectMeta)> = Vec::new();
+    let max_object_id = objects.iter().filter_map(|(name, _)| name.topic_id).max();
+    // Of a topic the bucket does not describe, the newest incarnation its keys name.
+    let mut undescribed_ids: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, _) in &objects {
+        if let (false, Some(id)) = (described.live.contains_key(&name.topic), name.topic_id) {
+            let newest = undescribed_ids.entry(name.topic.clone()).or_default();
+            *newest = (*newest).max(id);
+        }
+    }
     for (name, object) in objects {
         let key = object.location.to_string();
-        if described.only_deleted(&name.topic) {
-            skipped.push((key, format!("topic '{}' was deleted", name.topic)));
+        let live_id =
+            described.live.get(&name.topic).map(|d| d.id).or(undescribed_ids.get(&name.topic).copied());
+        let deleted = match name.topic_id {
+            Some(id) => {
+                described.deleted.contains(&(name.topic.clone(), id)) || live_id.is_some_and(|l| l != id)
+            }
+            None => described.only_deleted(&name.topic),
+        };
+        if deleted {
+            skipped.push((key, format!("an object of topic '{}' that was deleted", name.topic)));
             continue;
         }
         let meta = match read_archive_meta(store, &object.location, Some(object.size)).await {
@@ -257,8 +274,13 @@ pub async fn rebuild_metadata(
             .await
             .with_context(|| format!("cannot restore topic '{}'", d.name))?;
     }
-    let reserved =
-        described.highest_id.into_iter().chain(local.iter().map(|l| l.topic_id)).max().map_or(0, |id| id + 1);
+    let reserved = described
+        .highest_id
+        .into_iter()
+        .chain(max_object_id)
+        .chain(local.iter().map(|l| l.topic_id))
+        .max()
+        .map_or(0, |id| id + 1);
     metadata.write(Command::ReserveTopicIds { below: reserved }).await?;
     let mut undescribed: BTreeMap<String, u32> = BTreeMap::new();
     for (meta, _) in &footers {
@@ -273,7 +295,7 @@ pub async fn rebuild_metadata(
         metadata
             .write(Command::RestoreTopic {
                 name: name.clone(),
-                id: None,
+                id: undescribed_ids.get(name).copied(),
                 partitions: *partitions,
                 config,
                 config_version: 0,

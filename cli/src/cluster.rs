@@ -209,10 +209,9 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
 }
 
 fn agents_and_writers(state: &MetadataState) -> (Vec<AgentStatus>, Vec<PartitionWriterStatus>) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-        .max(state.clock_ms);
+    // Leases are judged by metadata's own clock (the leader's measured time, which falls
+    // behind the wall clock by every gap between leaders), never by this machine's.
+    let now = state.clock_ms;
     let partitions: Vec<PartitionWriterStatus> = state
         .topics
         .values()

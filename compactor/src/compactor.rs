@@ -8,7 +8,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use silt_metadata::state::{Segment, SegmentState};
-use silt_metadata::{Command, Metadata, MetadataError};
+use silt_metadata::{Command, Metadata};
 use silt_tiering::archive_format::{encode_archive, read_archive_meta, ArchiveMeta, ArchiveWriterOptions};
 use silt_tiering::object_layout::object_key;
 use silt_tiering::topic_descriptor::{write_descriptor, TopicDescriptor};
@@ -75,8 +75,9 @@ struct Inner {
     described: std::sync::Mutex<std::collections::HashMap<(String, u64), u64>>,
 }
 
-/// Archived segments of one partition past retention: topic, partition, (base offset, object key).
-type Expired = (String, u32, Vec<(u64, String)>);
+/// Archived segments of one partition past retention: topic, its id, partition, (base offset,
+/// object key).
+type Expired = (String, u64, u32, Vec<(u64, String)>);
 
 /// A sealed segment waiting to be archived.
 #[derive(Debug, Clone)]
@@ -338,7 +339,8 @@ impl Compactor {
         let object = tokio::task::spawn_blocking(move || encode_archive(&meta_for_encode, &records, &writer))
             .await
             .map_err(|e| CompactorError::Task(e.to_string()))??;
-        let key = object_key(&self.inner.prefix, &c.topic, c.partition, seg.base_offset, last_offset);
+        let key =
+            object_key(&self.inner.prefix, &c.topic, c.topic_id, c.partition, seg.base_offset, last_offset);
         let object_bytes = object.len() as u64;
         self.upload(&key, object, &meta).await?;
         // Read the footer back from the bucket: the object is what metadata will point at.
@@ -351,6 +353,7 @@ impl Compactor {
             .metadata
             .write(Command::ArchiveSegment {
                 topic: c.topic.clone(),
+                topic_id: Some(c.topic_id),
                 partition: c.partition,
                 base_offset: seg.base_offset,
                 last_offset,
@@ -359,14 +362,17 @@ impl Compactor {
                 now_ms: now_ms(),
             })
             .await;
-        if let Err(e @ (MetadataError::UnknownTopic(_) | MetadataError::UnknownPartition { .. })) = committed
-        {
-            // The topic was deleted while its segment was being archived: nothing will ever
-            // point at this object.
-            if let Err(d) = self.inner.store.delete(&key).await {
-                warn!(error = %d, object = %key, "deleting the object of a deleted topic failed; it is orphaned");
+        if let Err(e) = &committed {
+            // The topic was deleted (and maybe created again, with another id) while its
+            // segment was being archived: nothing will ever point at this object.
+            let (name, id) = (c.topic.as_str(), c.topic_id);
+            let gone = self.inner.metadata.read_local(|s| s.topics.get(name).is_none_or(|t| t.id != id));
+            if gone {
+                if let Err(d) = self.inner.store.delete(&key).await {
+                    warn!(error = %d, object = %key, "deleting the object of a deleted topic failed; it is orphaned");
+                }
+                return Err(CompactorError::from(e.clone()));
             }
-            return Err(e.into());
         }
         committed?;
         let m = &self.inner.metrics;
@@ -380,7 +386,8 @@ impl Compactor {
 
     /// Uploads with a conditional create, so a retry can never write a second, different object.
     /// If the object is already there (an earlier attempt whose reply was lost, or a crash before
-    /// the metadata commit), it is kept only if its footer matches.
+    /// the metadata commit), it is kept if its footer matches; otherwise archiving the segment
+    /// fails, and nothing is overwritten.
     async fn upload(&self, key: &Path, object: Bytes, meta: &ArchiveMeta) -> Result<(), CompactorError> {
         let store = &self.inner.store;
         let len = object.len() as u64;
@@ -406,34 +413,14 @@ impl Compactor {
                     info!(object = %key, "the object is already in the bucket from an earlier attempt; keeping it");
                     return Ok(());
                 }
-                // Metadata is the truth: an object no segment points at is an orphan (left by a
-                // deleted topic of the same name) and may be replaced. One that is referenced
-                // never is.
-                let key_text = key.to_string();
-                let referenced = self.inner.metadata.read_local(|s| {
-                    s.topics.values().any(|t| {
-                        t.partitions.iter().any(|p| {
-                            p.segments
-                                .values()
-                                .any(|seg| seg.object_key.as_deref() == Some(key_text.as_str()))
-                        })
-                    })
-                });
-                if referenced {
-                    return Err(CompactorError::Mismatch {
-                        topic: meta.topic.clone(),
-                        partition: meta.partition,
-                        base_offset: meta.base_offset,
-                        reason: format!("{key} already exists with different contents: {existing:?}"),
-                    });
-                }
-                warn!(object = %key, "replacing an orphaned object that no segment refers to");
-                if len <= self.inner.config.single_put_bytes_max {
-                    store.put(key, PutPayload::from(object)).await?;
-                } else {
-                    self.multipart(key, object).await?;
-                }
-                Ok(())
+                // The key carries the topic's id and the segment's offsets, and a sealed
+                // segment never changes: another object there is damage, never replaced.
+                Err(CompactorError::Mismatch {
+                    topic: meta.topic.clone(),
+                    partition: meta.partition,
+                    base_offset: meta.base_offset,
+                    reason: format!("{key} already exists with different contents: {existing:?}"),
+                })
             }
             Err(e) => Err(e.into()),
         }
@@ -473,17 +460,22 @@ impl Compactor {
                         .filter_map(|seg| seg.object_key.clone().map(|k| (seg.base_offset, k)))
                         .collect();
                     if !old.is_empty() {
-                        out.push((t.name.clone(), p as u32, old));
+                        out.push((t.name.clone(), t.id, p as u32, old));
                     }
                 }
             }
             out
         });
-        for (topic, partition, segments) in expired {
+        for (topic, topic_id, partition, segments) in expired {
             let base_offsets = segments.iter().map(|(b, _)| *b).collect();
             self.inner
                 .metadata
-                .write(Command::DeleteArchivedSegments { topic: topic.clone(), partition, base_offsets })
+                .write(Command::DeleteArchivedSegments {
+                    topic: topic.clone(),
+                    topic_id: Some(topic_id),
+                    partition,
+                    base_offsets,
+                })
                 .await?;
             for (_, key) in segments {
                 let path = Path::parse(key.as_str()).unwrap_or_else(|_| Path::from(key.as_str()));

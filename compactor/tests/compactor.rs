@@ -125,7 +125,8 @@ async fn a_sealed_segment_is_archived_verified_and_committed() {
     let (state, key) = segment_state(&m);
     assert_eq!(state, SegmentState::Archived);
     let key = key.expect("object key");
-    assert_eq!(key, object_key(&Path::from("archive"), "t", 0, 0, 499).to_string());
+    let id = m.read(|s| s.topics["t"].id).await.expect("topic id");
+    assert_eq!(key, object_key(&Path::from("archive"), "t", id, 0, 0, 499).to_string());
     let (meta, _) =
         read_archive_meta(store.as_ref(), &Path::parse(&key).expect("path"), None).await.expect("footer");
     assert_eq!((meta.record_count, meta.base_offset, meta.last_offset, meta.partitions), (500, 0, 499, 1));
@@ -163,10 +164,11 @@ async fn an_object_left_by_an_earlier_attempt_is_kept_only_if_it_matches() {
         min_timestamp_ms: 1_000,
         max_timestamp_ms: 1_099,
     };
-    let key = object_key(&Path::from("archive"), "t", 0, 0, 99);
     // Same content already there (a PUT whose reply was lost): archived, still one object.
     let dir = tempfile::tempdir().expect("tempdir");
     let m = sealed_segment(dir.path(), 100).await;
+    let id = m.read(|s| s.topics["t"].id).await.expect("topic id");
+    let key = object_key(&Path::from("archive"), "t", id, 0, 0, 99);
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let body = encode_archive(&meta, &records(100), &ArchiveWriterOptions::default()).expect("encode");
     store.put(&key, PutPayload::from(body)).await.expect("put");
@@ -175,39 +177,10 @@ async fn an_object_left_by_an_earlier_attempt_is_kept_only_if_it_matches() {
     assert_eq!(segment_state(&m).0, SegmentState::Archived);
     assert_eq!(object_count(store.as_ref()).await, 1);
 
-    // Different content at the key that no segment refers to (left by a deleted topic of the
-    // same name): replaced.
+    // Different content at the key (which names this topic's id and the segment's offsets):
+    // refused, the object untouched, the segment still sealed.
     let dir = tempfile::tempdir().expect("tempdir");
     let m = sealed_segment(dir.path(), 100).await;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let other = ArchiveMeta { max_timestamp_ms: 5_000, ..meta.clone() };
-    let mut shifted = records(100);
-    shifted[99].timestamp_ms = 5_000;
-    let orphan = encode_archive(&other, &shifted, &ArchiveWriterOptions::default()).expect("encode");
-    store.put(&key, PutPayload::from(orphan)).await.expect("put");
-    let c = compactor(&m, Arc::clone(&store), Source { records: records(100) }, CompactorConfig::default());
-    assert_eq!(c.run_once().await, 1);
-    let (now, _) = read_archive_meta(store.as_ref(), &key, None).await.expect("footer");
-    assert_eq!(now, meta, "the orphan was replaced by the segment's object");
-
-    // Different content at a key that a segment refers to: refused, the object untouched.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let m = sealed_segment(dir.path(), 100).await;
-    m.write(Command::RestoreArchivedSegment {
-        topic: "u".into(),
-        partitions: 1,
-        partition: 0,
-        base_offset: 0,
-        last_offset: 99,
-        record_count: 100,
-        min_timestamp_ms: None,
-        max_timestamp_ms: None,
-        object_key: key.to_string(),
-        object_bytes: 1,
-        now_ms: 1,
-    })
-    .await
-    .expect("another segment refers to the key");
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let other = ArchiveMeta { max_timestamp_ms: 5_000, ..meta.clone() };
     let mut shifted = records(100);

@@ -440,7 +440,7 @@ mod tests {
         };
         let delta = raw(known.clone()).decode().expect("known commands decode");
         let changes = delta.changes.expect("changes");
-        assert_eq!(changes[1].command, Command::DeleteTopic { name: "t".into() });
+        assert_eq!(changes[1].command, Command::DeleteTopic { name: "t".into(), topic_id: None });
         let e = raw(serde_json::json!({"type": "a_command_from_the_future"})).decode().unwrap_err();
         assert!(matches!(e, MetadataError::InvalidArgument(ref m) if m.contains("whole state")), "{e}");
     }

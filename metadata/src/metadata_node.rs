@@ -313,8 +313,9 @@ impl MetadataNode {
     }
 
     /// The time to stamp on a command proposed now: the state's clock when this node's term
-    /// began, plus the time its monotonic clock measured since (see `lease_clock.rs`).
-    fn lease_clock_ms(&self) -> u64 {
+    /// began, plus the time its monotonic clock measured since (see `lease_clock.rs`). On a
+    /// follower, an estimate of the leader's.
+    pub(crate) fn lease_clock_ms(&self) -> u64 {
         let term = self.raft.metrics().borrow().current_term;
         let state_clock_ms = self.read_local(|s| s.clock_ms);
         let mut clock = self.lease_clock.lock().unwrap_or_else(|e| e.into_inner());

@@ -140,9 +140,8 @@ async fn status(State(s): Shared) -> Response {
 /// Prometheus/OpenMetrics text format.
 async fn metrics(State(s): Shared) -> Response {
     let status = s.node.status().await;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    // Leases are judged by the clock metadata stamps on commands, not the wall clock.
+    let now_ms = s.node.lease_clock_ms();
     let (topics, partitions, segments, groups, agents, live_agents, under_replicated) =
         s.node.read_local(|st| {
             let partitions: usize = st.topics.values().map(|t| t.partitions.len()).sum();

@@ -254,6 +254,10 @@ pub enum Command {
     DeleteTopic {
         /// Topic name.
         name: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
     },
     /// Make `agent` the writer of a partition, bumping the epoch.
     ClaimWriter {
@@ -363,6 +367,10 @@ pub enum Command {
     ArchiveSegment {
         /// Topic name.
         topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// The segment's base offset.
@@ -380,6 +388,10 @@ pub enum Command {
     DeleteArchivedSegments {
         /// Topic name.
         topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// Base offsets of the segments to forget; each must be archived and older than any
@@ -659,7 +671,8 @@ impl MetadataState {
                 self.assign_writers();
                 Ok(Response::Topic { topic: self.topics[name].clone() })
             }
-            Command::DeleteTopic { name } => {
+            Command::DeleteTopic { name, topic_id } => {
+                self.check_topic_id(name, *topic_id)?;
                 if self.topics.remove(name).is_none() {
                     return Err(MetadataError::UnknownTopic(name.clone()));
                 }
@@ -876,6 +889,7 @@ impl MetadataState {
             }
             Command::ArchiveSegment {
                 topic,
+                topic_id,
                 partition,
                 base_offset,
                 last_offset,
@@ -883,6 +897,7 @@ impl MetadataState {
                 object_bytes,
                 now_ms,
             } => {
+                self.check_topic_id(topic, *topic_id)?;
                 let p = self.partition_mut(topic, *partition)?;
                 let segment = p.segments.get_mut(base_offset).ok_or_else(|| {
                     MetadataError::InvalidArgument(format!(
@@ -908,7 +923,8 @@ impl MetadataState {
                 segment.archived_ms = Some(*now_ms);
                 Ok(Response::Ok)
             }
-            Command::DeleteArchivedSegments { topic, partition, base_offsets } => {
+            Command::DeleteArchivedSegments { topic, topic_id, partition, base_offsets } => {
+                self.check_topic_id(topic, *topic_id)?;
                 let p = self.partition_mut(topic, *partition)?;
                 let oldest: Vec<u64> = p.segments.keys().take(base_offsets.len()).copied().collect();
                 let mut wanted = base_offsets.clone();
@@ -1421,7 +1437,7 @@ mod tests {
         let mut s = MetadataState::default();
         create(&mut s, "t", 1);
         let old_id = s.topics["t"].id;
-        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into(), topic_id: None }), Response::Ok);
         create(&mut s, "t", 1);
         let claim =
             Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "b".into(), expected_epoch: None };
@@ -1490,7 +1506,7 @@ mod tests {
         assert!(matches!(create(&mut s, "t", 2), Response::Error { error: MetadataError::TopicExists(_) }));
         assert_eq!(s, before, "a refused command changes nothing");
         assert!(matches!(create(&mut s, "u", 0), Response::Error { .. }));
-        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into() }), Response::Ok);
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into(), topic_id: None }), Response::Ok);
         assert!(s.topics.is_empty());
         create(&mut s, "t", 1);
         assert_eq!(s.topics["t"].id, 1, "ids are never reused");
@@ -1567,7 +1583,10 @@ mod tests {
             (roll(seal_held_by(&["a"]), open_after_ten(2, 10)), "one epoch"),
             (roll(seal_held_by(&["a", "x"]), open_after_ten(1, 10)), "a seal that is refused"),
             (roll(open_after_ten(1, 10), seal_held_by(&["a"])), "a seal, then an open"),
-            (roll(seal_held_by(&["a"]), Command::DeleteTopic { name: "t".into() }), "only an open"),
+            (
+                roll(seal_held_by(&["a"]), Command::DeleteTopic { name: "t".into(), topic_id: None }),
+                "only an open",
+            ),
         ] {
             assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
             assert_eq!(s, before, "a refused roll changes nothing ({why})");
@@ -1912,6 +1931,41 @@ mod tests {
     }
 
     #[test]
+    fn commands_for_a_deleted_topic_never_reach_one_created_again_under_its_name() {
+        let mut s = MetadataState::default();
+        create(&mut s, "t", 1);
+        let old = s.topics["t"].id;
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into(), topic_id: Some(old) }), Response::Ok);
+        create(&mut s, "t", 1);
+        let new = s.topics["t"].id;
+        assert_ne!(old, new);
+        let before = s.clone();
+        for late in [
+            Command::DeleteTopic { name: "t".into(), topic_id: Some(old) },
+            Command::ArchiveSegment {
+                topic: "t".into(),
+                topic_id: Some(old),
+                partition: 0,
+                base_offset: 0,
+                last_offset: 9,
+                object_key: "k".into(),
+                object_bytes: 1,
+                now_ms: 1,
+            },
+            Command::DeleteArchivedSegments {
+                topic: "t".into(),
+                topic_id: Some(old),
+                partition: 0,
+                base_offsets: vec![0],
+            },
+        ] {
+            assert!(matches!(s.apply(&late), Response::Error { .. }), "{late:?}");
+            assert_eq!(s, before, "{late:?}");
+        }
+        assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into(), topic_id: Some(new) }), Response::Ok);
+    }
+
+    #[test]
     fn archive_delete_and_restore_segments() {
         let mut s = MetadataState::default();
         create(&mut s, "t", 2);
@@ -1952,6 +2006,7 @@ mod tests {
         }
         let archive = |base: u64, last: u64| Command::ArchiveSegment {
             topic: "t".into(),
+            topic_id: None,
             partition: 0,
             base_offset: base,
             last_offset: last,
@@ -1975,6 +2030,7 @@ mod tests {
         );
         let delete = |bases: Vec<u64>| Command::DeleteArchivedSegments {
             topic: "t".into(),
+            topic_id: None,
             partition: 0,
             base_offsets: bases,
         };

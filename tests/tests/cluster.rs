@@ -504,7 +504,7 @@ async fn cluster_a_remote_copy_catches_up_by_applying_changes_and_equals_the_sta
     for t in ["t1", "t2", "t3"] {
         write(create_topic(t)).await.expect("create");
     }
-    write(Command::DeleteTopic { name: "t2".into() }).await.expect("delete");
+    write(Command::DeleteTopic { name: "t2".into(), topic_id: None }).await.expect("delete");
     assert!(write(create_topic("t1")).await.is_err(), "refused, and refused on the copy too");
     let delta = client.read_changes_after(before).await.expect("changes");
     let changes = delta.changes.expect("the commands since, not the state");

@@ -766,6 +766,26 @@ async fn deleting_a_topic_deletes_its_objects_and_a_new_topic_of_that_name_archi
     let page = client.replay("gone", 0, Some(0), None, 100).await.expect("replay");
     assert_eq!(page.messages.len(), 80);
     assert!(page.messages.iter().all(|m| m.value.as_deref().is_some_and(|v| v.starts_with("new-"))));
+    // Every key names the new incarnation's id.
+    let id = client.describe_topic("gone").await.expect("describe")["id"].as_u64().expect("id");
+    let names: Vec<String> = std::fs::read_dir(&objects)
+        .expect("objects")
+        .flatten()
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| n.ends_with(&format!("-t{id}.parquet"))), "{names:?}");
+    // A rebuild brings back the new topic only, with its id.
+    let mut dev = dev;
+    dev.stop();
+    std::fs::remove_dir_all(dev.data_dir().join("metadata")).expect("delete metadata");
+    let report = rebuild_metadata(&dev);
+    assert_eq!(report["restored"].as_u64(), Some(second as u64), "{report}");
+    dev.restart();
+    let client = dev.client();
+    assert_eq!(client.describe_topic("gone").await.expect("describe")["id"].as_u64(), Some(id));
+    let page = client.replay("gone", 0, Some(0), None, 100).await.expect("replay");
+    assert_eq!(page.messages.len(), 80);
+    assert!(page.messages.iter().all(|m| m.value.as_deref().is_some_and(|v| v.starts_with("new-"))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

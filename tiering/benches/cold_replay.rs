@@ -425,7 +425,8 @@ fn open_targets(dir: &std::path::Path, meta: &ArchiveMeta) -> Vec<Target> {
             object_store_from_url_with_env(&url, &env).unwrap_or_else(|e| panic!("cannot open {url}: {e}"));
         let instrumented = InstrumentedObjectStore::new(opened.store);
         let stats = instrumented.stats();
-        let key = object_key(&opened.prefix, &meta.topic, meta.partition, meta.base_offset, meta.last_offset);
+        let key =
+            object_key(&opened.prefix, &meta.topic, 1, meta.partition, meta.base_offset, meta.last_offset);
         targets.push(Target {
             name,
             url,

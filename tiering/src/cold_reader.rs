@@ -1177,7 +1177,8 @@ mod tests {
         let opts = ArchiveWriterOptions { row_group_rows_max: 1000, ..Default::default() };
         let object = encode_archive(&meta, &records, &opts).unwrap();
         let object_bytes = object.len() as u64;
-        let key = object_key(&opened.prefix, &meta.topic, meta.partition, meta.base_offset, meta.last_offset);
+        let key =
+            object_key(&opened.prefix, &meta.topic, 1, meta.partition, meta.base_offset, meta.last_offset);
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         opened.store.put_opts(&key, PutPayload::from(object), create).await.unwrap();
         let (stored, md) = read_archive_meta(opened.store.as_ref(), &key, Some(object_bytes)).await.unwrap();
@@ -1588,7 +1589,7 @@ mod tests {
             let opts = ArchiveWriterOptions { row_group_rows_max: 128, ..Default::default() };
             let object = encode_archive(&meta, &records, &opts).unwrap();
             let bytes = object.len() as u64;
-            let key = object_key(&Path::from("silt"), &meta.topic, meta.partition, base, meta.last_offset);
+            let key = object_key(&Path::from("silt"), &meta.topic, 1, meta.partition, base, meta.last_offset);
             // Overwrite puts: a lost reply is simply written again.
             store.put(&key, PutPayload::from(object)).await.unwrap();
             let (stored, _) = read_archive_meta(store.as_ref(), &key, None).await.unwrap();

@@ -4,7 +4,7 @@
 //! - the **archive format** ([`archive_format`]): one sealed segment as one plain Parquet
 //!   object, its schema, footer metadata and format version;
 //! - the **object layout** ([`object_layout`]): where an archive lives in the bucket,
-//!   `{prefix}/topic={topic}/partition={partition}/{base:020}-{last:020}.parquet`;
+//!   `{prefix}/topic={topic}/partition={partition}/{base:020}-{last:020}-t{topic_id}.parquet`;
 //! - **object stores by URL** ([`store_url`]: `file://`, `s3://`, `memory://`) and the
 //!   wrappers that add behaviour to any store: [`RetryingObjectStore`],
 //!   [`InstrumentedObjectStore`], [`DurableLocalStore`](durable_local_store::DurableLocalStore)
