@@ -581,6 +581,91 @@ async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_ne
     assert_eq!(offsets, want);
 }
 
+/// Eight replays at once from offset 0 of a freshly restored archive, round after round (the
+/// agent restarted each time, so nothing is decoded yet), each round under a deadline: the
+/// readers meet each other's readahead in the decoded cache all the time, which once froze a
+/// whole agent. `SILT_TEST_REPLAY_ROUNDS` rounds (default 30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_of_a_restored_archive_never_freeze_the_agent() {
+    let rounds: usize =
+        std::env::var("SILT_TEST_REPLAY_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(30).max(1);
+    // Two runtime threads, as on the smallest machines, whatever this one has.
+    let options =
+        DevOptions { env: vec![("TOKIO_WORKER_THREADS".into(), "2".into())], ..DevOptions::default() };
+    let mut dev = SiltDev::start_with(options);
+    let client = dev.client();
+    let config = topic_config(&[
+        ("segment.bytes", "131072"),
+        ("segment.ms", "300"),
+        ("local.retention.ms", "0"),
+        ("retention.ms", "-1"),
+    ]);
+    client.create_topic(TOPIC, PARTITIONS, &config).await.expect("create topic");
+    let expected = produce_all(&client, 1024).await;
+    wait_archived_all(&client, expected.len() as u64).await;
+    wait_for("local copies to be dropped", Duration::from_secs(60), || {
+        let n = local_log_files(dev.data_dir());
+        async move { (n <= PARTITIONS as usize).then_some(()) }
+    })
+    .await;
+    dev.stop();
+    std::fs::remove_dir_all(dev.data_dir().join("metadata")).expect("delete metadata");
+    rebuild_metadata(&dev);
+    let want = |p: u32| expected.iter().filter(|e| e.partition == p).map(|e| e.offset).collect::<Vec<u64>>();
+    for round in 0..rounds {
+        dev.restart();
+        let client = Client::with_timeout(dev.url(), Duration::from_secs(30)).expect("client");
+        let mut replays = tokio::task::JoinSet::new();
+        for r in 0..8u32 {
+            let client = client.clone();
+            replays.spawn(async move {
+                let partition = r % PARTITIONS;
+                let offsets = if r % 4 < 2 {
+                    // JSON pages.
+                    let (mut from, mut got) = (0u64, Vec::new());
+                    loop {
+                        let page =
+                            client.replay(TOPIC, partition, Some(from), None, 150).await.expect("replay");
+                        if page.messages.is_empty() {
+                            break got;
+                        }
+                        from = page.next_offset;
+                        got.extend(page.messages.iter().map(|m| m.offset));
+                    }
+                } else {
+                    // Binary pages ending on a byte limit, which read the next object ahead.
+                    read_limited_pages(&client, partition, 50_000).await.1
+                };
+                (partition, offsets)
+            });
+        }
+        let all = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut out = Vec::new();
+            while let Some(done) = replays.join_next().await {
+                out.push(done.expect("replay task"));
+            }
+            out
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: eight replays did not finish within 60 s"));
+        for (partition, offsets) in all {
+            assert_eq!(offsets, want(partition), "round {round}, partition {partition}");
+        }
+        let read_ahead = cold_counter(&client, "silt_tiering_cold_readahead_row_groups_total ").await;
+        assert!(read_ahead > 0, "round {round}: nothing was read ahead");
+        dev.stop();
+    }
+}
+
+/// Waits until the archive of [`TOPIC`] holds `records` records.
+async fn wait_archived_all(client: &Client, records: u64) {
+    wait_for("every record to be archived", Duration::from_secs(120), || {
+        let client = client.clone();
+        async move { (archived_records(&client).await.0 == records).then_some(()) }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_expired_archives_and_replay_skips_them() {
     let mut dev = SiltDev::start();

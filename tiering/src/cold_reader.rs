@@ -1659,6 +1659,84 @@ mod tests {
         done_rx.recv_timeout(Duration::from_secs(300)).expect("the readers finish: none froze");
     }
 
+    /// The lock order, shown without waiting for a rare interleaving: a thread holds the decoded
+    /// cache's shard lock (inside the cache, dropping a fetch future it will not run, as it does
+    /// for a hit), and a readahead starts meanwhile. The readahead may wait for the cache, but
+    /// never while it holds the planner's mutex: a thread holding the cache's lock that took
+    /// the planner's (a readahead slot's drop once did) would otherwise wait on it forever.
+    /// The check runs for two seconds; an order that is wrong shows as soon as the readahead
+    /// thread runs.
+    #[test]
+    fn a_readahead_never_waits_for_the_cache_while_it_holds_the_planner() {
+        use std::sync::mpsc;
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let f = runtime.block_on(fixture(0));
+        let reader = Arc::new(runtime.block_on(reader_with(&f, 32 * 1024 * 1024, 64 * 1024 * 1024)));
+        // Row group 0 decoded and in the cache, the readahead it started done.
+        runtime.block_on(async {
+            reader.read(&f.key, f.object_bytes, 0, 10).await.unwrap();
+            drained(&reader).await;
+        });
+        let footer = runtime.block_on(reader.footer(&f.key, f.object_bytes)).unwrap();
+        let hit = RowGroupKey { object_key: f.key.clone(), object_bytes: f.object_bytes, row_group: 0 };
+        assert!(reader.decoded.contains(&hit));
+
+        /// Dropped by the cache under its shard lock: says so, then holds the lock until told.
+        struct InsideTheCache {
+            inside: mpsc::Sender<()>,
+            go: std::sync::Mutex<mpsc::Receiver<()>>,
+        }
+        impl Drop for InsideTheCache {
+            fn drop(&mut self) {
+                let _ = self.inside.send(());
+                let _ = self.go.lock().unwrap().recv();
+            }
+        }
+        let (inside_tx, inside_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel();
+        let probe = InsideTheCache { inside: inside_tx, go: std::sync::Mutex::new(go_rx) };
+        let holder = {
+            let (reader, handle) = (Arc::clone(&reader), runtime.handle().clone());
+            std::thread::spawn(move || {
+                let _entered = handle.enter();
+                let fetch = async move {
+                    let _probe = probe;
+                    Err::<Arc<DecodedRowGroup>, std::io::Error>(std::io::Error::other("never run"))
+                };
+                drop(reader.decoded.get_or_fetch(&hit, move || fetch));
+            })
+        };
+        inside_rx.recv_timeout(Duration::from_secs(30)).expect("the cache dropped the fetch");
+        let readahead = {
+            let (reader, handle, footer, key, bytes) = (
+                Arc::clone(&reader),
+                runtime.handle().clone(),
+                Arc::clone(&footer),
+                f.key.clone(),
+                f.object_bytes,
+            );
+            std::thread::spawn(move || {
+                let _entered = handle.enter();
+                reader.read_ahead(&key, bytes, &footer, 0);
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let mut held_while_waiting = false;
+        while std::time::Instant::now() < deadline && !readahead.is_finished() {
+            if reader.readahead.planner.try_lock().is_err() {
+                held_while_waiting = true;
+                break;
+            }
+            std::thread::yield_now();
+        }
+        go_tx.send(()).unwrap();
+        holder.join().unwrap();
+        readahead.join().unwrap();
+        assert!(!held_while_waiting, "a readahead held the planner's mutex while it waited for the cache");
+        runtime.block_on(drained(&reader));
+    }
+
     #[tokio::test]
     async fn readahead_returns_the_same_records() {
         let f = fixture(3_000).await;
