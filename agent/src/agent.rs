@@ -1423,8 +1423,8 @@ impl Agent {
             warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
         }
         // Metadata no longer points at the topic's objects: delete them (listing is fine for an
-        // admin operation). A failure leaves orphans, which cost storage only: the compactor
-        // replaces an object no segment refers to.
+        // admin operation). A failure leaves orphans, which cost storage only: keys carry the
+        // topic id, so a topic created again under the name never meets them.
         if let Some((store, prefix)) = &self.inner.archive_store {
             // First the mark, so that a rebuild never brings the topic back, even if deleting
             // its objects stops halfway.
@@ -1441,15 +1441,16 @@ impl Agent {
             match listed {
                 Ok(objects) => {
                     // Only this incarnation's: a topic created again under the name has its own.
-                    let ours =
-                        objects.into_iter().filter(|o| match silt_tiering::object_layout::parse_object_key(
-                            &o.location,
-                        )
-                        .map(|n| n.topic_id)
-                        {
+                    // Keys without an id were written before ids were part of keys, by this
+                    // incarnation or an earlier, deleted one: they go too.
+                    let ours = objects.into_iter().filter(|o| {
+                        let named = silt_tiering::object_layout::parse_object_key(&o.location);
+                        match named.map(|n| n.topic_id) {
                             Some(Some(object_id)) => object_id == id,
-                            _ => referenced.contains(o.location.as_ref()),
-                        });
+                            Some(None) => true,
+                            None => referenced.contains(o.location.as_ref()),
+                        }
+                    });
                     for o in ours {
                         if let Err(e) = store.delete(&o.location).await {
                             warn!(error = %e, object = %o.location, "deleting an object of a deleted topic failed");

@@ -176,7 +176,8 @@ pub async fn rebuild_metadata(
     // Of a topic the bucket does not describe, the newest incarnation its keys name.
     let mut undescribed_ids: BTreeMap<String, u64> = BTreeMap::new();
     for (name, _) in &objects {
-        if let (false, Some(id)) = (described.live.contains_key(&name.topic), name.topic_id) {
+        let id = name.topic_id.filter(|id| !described.deleted.contains(&(name.topic.clone(), *id)));
+        if let (false, Some(id)) = (described.live.contains_key(&name.topic), id) {
             let newest = undescribed_ids.entry(name.topic.clone()).or_default();
             *newest = (*newest).max(id);
         }
@@ -226,8 +227,9 @@ pub async fn rebuild_metadata(
     let log_dirs = local_log_dirs(data_dir)?;
     let local = local_partitions(&log_dirs)?;
     let is_live = |l: &LocalPartition| {
+        let live_id = described.live.get(&l.topic).map(|d| d.id).or(undescribed_ids.get(&l.topic).copied());
         !described.deleted.contains(&(l.topic.clone(), l.topic_id))
-            && described.live.get(&l.topic).is_none_or(|d| d.id == l.topic_id)
+            && live_id.is_none_or(|id| id == l.topic_id)
     };
     let unarchived: Vec<String> = local
         .iter()

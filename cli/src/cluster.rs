@@ -190,7 +190,7 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
         .collect();
     let (agents, partitions, under_replicated, state_error) = match client.read_state().await {
         Ok(reply) => {
-            let (agents, partitions) = agents_and_writers(&reply.state);
+            let (agents, partitions) = agents_and_writers(&reply.state, reply.clock_now_ms);
             (agents, partitions, reply.state.under_replicated(), None)
         }
         Err(e) => (Vec::new(), Vec::new(), Vec::new(), Some(e.to_string())),
@@ -208,10 +208,14 @@ pub async fn status(client: &MetadataClient) -> Result<ClusterStatus> {
     })
 }
 
-fn agents_and_writers(state: &MetadataState) -> (Vec<AgentStatus>, Vec<PartitionWriterStatus>) {
+fn agents_and_writers(
+    state: &MetadataState,
+    clock_now_ms: Option<u64>,
+) -> (Vec<AgentStatus>, Vec<PartitionWriterStatus>) {
     // Leases are judged by metadata's own clock (the leader's measured time, which falls
-    // behind the wall clock by every gap between leaders), never by this machine's.
-    let now = state.clock_ms;
+    // behind the wall clock by every gap between leaders), never by this machine's: the
+    // leader's clock when it answered, which moves also when no agent heartbeats.
+    let now = clock_now_ms.unwrap_or(state.clock_ms).max(state.clock_ms);
     let partitions: Vec<PartitionWriterStatus> = state
         .topics
         .values()

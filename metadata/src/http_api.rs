@@ -50,6 +50,10 @@ pub struct StateReply {
     pub applied_index: Option<u64>,
     /// The whole metadata state.
     pub state: MetadataState,
+    /// The leader's lease clock when it answered (what leases are judged by now; the state's
+    /// `clock_ms` moves only when a command carrying a clock is applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_now_ms: Option<u64>,
 }
 
 /// The answer to `GET /metadata/state?after=N`: the whole state only if it changed since the

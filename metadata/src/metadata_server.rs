@@ -263,7 +263,8 @@ async fn answer_state(
     let node_id = s.node.node_id();
     let Some(n) = after else {
         let (applied_index, state) = s.node.read_state(timeout).await?;
-        return Ok(s.ok(StateReply { node_id, applied_index, state }));
+        let clock_now_ms = Some(s.node.lease_clock_ms().max(state.clock_ms));
+        return Ok(s.ok(StateReply { node_id, applied_index, state, clock_now_ms }));
     };
     if !changes {
         let (applied_index, state) = s.node.read_state(timeout).await?;
