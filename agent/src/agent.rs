@@ -198,6 +198,13 @@ struct WriterTask {
     task: JoinHandle<()>,
 }
 
+/// A partition's writer task while one runs here. Its lock is the partition's alone: held while
+/// the writer starts (which fences and copies over the network) or stops, and by what must not
+/// overlap with that (opening a replica, dropping the local log). Requests about other
+/// partitions, the fences other agents send while they start writers of their own among them,
+/// never wait for it.
+type WriterSlot = Arc<tokio::sync::Mutex<Option<WriterTask>>>;
+
 /// A message to produce, before it has a partition.
 #[derive(Debug, Clone, Default)]
 pub struct ProduceMessage {
@@ -321,8 +328,8 @@ struct Inner {
     metadata: Metadata,
     metrics: Arc<Metrics>,
     partitions: RwLock<HashMap<(String, u32), Running>>,
-    /// Held while writers start or stop; holds their tasks.
-    writers: tokio::sync::Mutex<HashMap<(String, u32), WriterTask>>,
+    /// Each partition's writer slot (see [`WriterSlot`]); this lock is only held to find one.
+    writers: Mutex<HashMap<(String, u32), WriterSlot>>,
     /// Reaches other agents, for requests about partitions they write.
     peers: Peers,
     /// Local logs of partitions this agent held but no longer writes, by topic and partition,
@@ -647,7 +654,7 @@ impl Agent {
                 metadata,
                 metrics,
                 partitions: RwLock::new(HashMap::new()),
-                writers: tokio::sync::Mutex::new(HashMap::new()),
+                writers: Mutex::new(HashMap::new()),
                 retired: RwLock::new(HashMap::new()),
                 replicas: Mutex::new(HashMap::new()),
                 start_failures: Mutex::new(HashMap::new()),
@@ -686,7 +693,9 @@ impl Agent {
             agent.inner.metadata.read(|s| (s.topics.values().cloned().collect(), s.next_topic_id)).await?;
         agent.remove_stale_topic_dirs(&topics, next_topic_id);
         agent.open_retired_logs(&topics).await;
-        agent.supervise().await;
+        // Writers start in the supervisor's first round, while the API already serves: a
+        // writer's start fences and copies from other agents that may be starting theirs now,
+        // and needs them to answer.
         let checkpointer = agent.clone();
         let task = tokio::spawn(async move { checkpointer.run_checkpointer().await });
         lock(&agent.inner.tasks).push(task);
@@ -792,11 +801,11 @@ impl Agent {
 
     async fn run_supervisor(&self) {
         loop {
+            self.supervise().await;
             tokio::select! {
                 () = self.inner.cancel.cancelled() => return,
                 () = tokio::time::sleep(SUPERVISE_INTERVAL) => {}
             }
-            self.supervise().await;
         }
     }
 
@@ -832,14 +841,13 @@ impl Agent {
             .filter(|(k, r)| wanted.get(*k) != Some(&(r.topic_id, r.epoch)))
             .map(|(k, _)| k.clone())
             .collect();
-        // Writers that ended on their own (a failed write) are started again from disk.
-        let ended: Vec<(String, u32)> = self
-            .inner
-            .writers
-            .lock()
-            .await
+        // Writers that ended on their own (a failed write) are started again from disk. A slot
+        // that is locked is starting or stopping its writer.
+        let ended: Vec<(String, u32)> = lock(&self.inner.writers)
             .iter()
-            .filter(|(_, w)| w.task.is_finished())
+            .filter(|(_, slot)| {
+                slot.try_lock().is_ok_and(|w| w.as_ref().is_some_and(|w| w.task.is_finished()))
+            })
             .map(|(k, _)| k.clone())
             .collect();
         {
@@ -893,19 +901,25 @@ impl Agent {
     /// would take its partitions, and it cannot reach the replicas it needs. Metadata names
     /// another live agent that this one did not find unreachable (preferring a holder of the
     /// open segment); if that one cannot write either, it hands over in turn.
+    ///
+    /// A partition whose local log this agent distrusts after a failed fsync (see
+    /// [`crate::disk`]) is handed over at once, to any other live agent.
     async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
         let lease = self.inner.config.lease;
-        let due: Vec<((String, u32), String)> = {
+        let due: Vec<((String, u32), String, bool)> = {
             let mut failures = lock(&self.inner.start_failures);
             // A partition that moved away starts afresh if it comes back, and a writer that
             // ran for a whole lease ends its streak.
             failures.retain(|k, f| wanted.contains_key(k) && f.started.is_none_or(|t| t.elapsed() < lease));
             failures
                 .iter()
+                .map(|(k, f)| (k, f, f.error.code == "disk_failed"))
                 // A writer that runs after one failure is given its lease; one that keeps
                 // failing (it starts, then loses its quorum at once) is not.
-                .filter(|(_, f)| f.since.elapsed() >= lease && (f.started.is_none() || f.failures >= 2))
-                .map(|(k, f)| (k.clone(), f.error.message.clone()))
+                .filter(|(_, f, disk)| {
+                    *disk || (f.since.elapsed() >= lease && (f.started.is_none() || f.failures >= 2))
+                })
+                .map(|(k, f, disk)| (k.clone(), f.error.message.clone(), disk))
                 .collect()
         };
         if due.is_empty() || self.inner.cancel.is_cancelled() {
@@ -918,10 +932,10 @@ impl Agent {
                 .map(|a| a.id.clone())
                 .collect()
         });
-        if unreachable.is_empty() {
-            return;
-        }
-        for (key, reason) in due {
+        for (key, reason, disk) in due {
+            if unreachable.is_empty() && !disk {
+                continue;
+            }
             let (topic, partition) = (key.0.clone(), key.1);
             let epoch = wanted[&key].1;
             let cmd = Command::HandOffWriter {
@@ -941,7 +955,12 @@ impl Agent {
                         epoch,
                         unreachable = %unreachable.join(", "),
                         reason,
-                        "handed the partition to another agent: its writer could not start here for a lease, and live agents do not answer this one"
+                        "{}",
+                        if disk {
+                            "handed the partition to another agent: an fsync of its local log failed here"
+                        } else {
+                            "handed the partition to another agent: its writer could not start here for a lease, and live agents do not answer this one"
+                        }
                     );
                     lock(&self.inner.start_failures).remove(&key);
                     self.inner.metrics.writer_handoffs.inc();
@@ -958,10 +977,17 @@ impl Agent {
         }
     }
 
+    /// The writer slot of a partition (created on first use, forgotten when its topic is
+    /// deleted and nobody holds it).
+    fn writer_slot(&self, key: &(String, u32)) -> WriterSlot {
+        Arc::clone(lock(&self.inner.writers).entry(key.clone()).or_default())
+    }
+
     /// Stops a partition's writer and waits until it has answered everything queued.
     async fn stop_writer(&self, topic: &str, partition: u32) {
         let key = (topic.to_string(), partition);
-        let mut writers = self.inner.writers.lock().await;
+        let slot = self.writer_slot(&key);
+        let mut writer = slot.lock().await;
         let running = self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
         if let Some(r) = running {
             // Its local log stays readable until everything in it is archived.
@@ -972,14 +998,14 @@ impl Agent {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(key.clone(), (r.topic_id, reader));
         }
-        if let Some(w) = writers.remove(&key) {
+        if let Some(w) = writer.take() {
             w.cancel.cancel();
             if let Err(e) = w.task.await {
                 error!(topic, partition, error = %e, "partition writer panicked");
             }
             info!(topic, partition, "stopped the partition writer: metadata names another writer or epoch");
         }
-        drop(writers);
+        drop(writer);
         self.retire_cursors(topic, partition).await;
     }
 
@@ -1054,7 +1080,11 @@ impl Agent {
     pub async fn shutdown(&self) {
         self.inner.cancel.cancel();
         let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.tasks));
-        let writers: Vec<WriterTask> = self.inner.writers.lock().await.drain().map(|(_, w)| w).collect();
+        let slots: Vec<WriterSlot> = lock(&self.inner.writers).drain().map(|(_, slot)| slot).collect();
+        let mut writers = Vec::new();
+        for slot in slots {
+            writers.extend(slot.lock().await.take());
+        }
         for t in tasks.into_iter().chain(writers.into_iter().map(|w| w.task)) {
             if let Err(e) = t.await {
                 error!(error = %e, "agent task panicked");
@@ -1170,7 +1200,8 @@ impl Agent {
             }
             Err(e) => return Err(e),
         }
-        let mut writers = self.inner.writers.lock().await;
+        let slot = self.writer_slot(&key);
+        let mut writer = slot.lock().await;
         // Metadata may have moved on while this call waited for the lock: decide on what it
         // says now, and never replace a writer of a newer epoch with an older one.
         let epoch = match decide(self)? {
@@ -1203,7 +1234,7 @@ impl Agent {
         // An older writer of this partition (earlier epoch or topic id) must be gone before
         // the log is opened again.
         self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
-        if let Some(old) = writers.remove(&key) {
+        if let Some(old) = writer.take() {
             old.cancel.cancel();
             if let Err(e) = old.task.await {
                 error!(topic, partition, error = %e, "partition writer panicked");
@@ -1216,9 +1247,17 @@ impl Agent {
         }
         let dir = self.topic_dir(topic, t.id).join(partition.to_string());
         let log_dir = dir.clone();
-        let (log, _reports) = tokio::task::spawn_blocking(move || PartitionLog::open(&log_dir))
+        let opened = tokio::task::spawn_blocking(move || PartitionLog::open(&log_dir))
             .await
-            .map_err(|e| ApiError::unavailable(format!("opening the partition log panicked: {e}")))??;
+            .map_err(|e| ApiError::unavailable(format!("opening the partition log panicked: {e}")))?;
+        let (log, _reports) = opened.map_err(|e| {
+            // Counted like a failed start: a log this agent distrusts is handed over.
+            let e = ApiError::from(e);
+            let mut failures = lock(&self.inner.start_failures);
+            let failure = StartFailure::after(failures.get(&key), e.clone());
+            failures.insert(key.clone(), failure);
+            e
+        })?;
         let config = WriterConfig {
             agent_id: self.inner.config.agent_id.clone(),
             topic: topic.to_string(),
@@ -1259,7 +1298,7 @@ impl Agent {
         if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
             f.started = Some(Instant::now());
         }
-        writers.insert(key.clone(), WriterTask { cancel, task });
+        *writer = Some(WriterTask { cancel, task });
         self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(
             key,
             Running {
@@ -1412,16 +1451,21 @@ impl Agent {
             .iter()
             .flat_map(|p| p.segments.values().filter_map(|s| s.object_key.clone()))
             .collect();
+        let mut guards = Vec::new();
         for p in 0..count {
             self.stop_writer(name, p).await;
+            // No writer or replica of the partition opens while its files go.
+            guards.push(self.writer_slot(&(name.to_string(), p)).lock_owned().await);
         }
-        let _guard = self.inner.writers.lock().await;
         lock(&self.inner.cursors).retain(|(_, t, _), _| t != name);
         let dir = self.topic_dir(name, id);
         // Writers notice their channel closed and stop; their files go with the directory.
         if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
             warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
         }
+        drop(guards);
+        // Slots nobody holds or waits for go (one that is still wanted is found again by name).
+        lock(&self.inner.writers).retain(|(t, _), slot| t != name || Arc::strong_count(slot) > 1);
         // Metadata no longer points at the topic's objects: delete them (listing is fine for an
         // admin operation). A failure leaves orphans, which cost storage only: keys carry the
         // topic id, so a topic created again under the name never meets them.
@@ -2067,8 +2111,9 @@ impl Agent {
         part: silt_metadata::state::Partition,
     ) -> Result<SharedReplica, ApiError> {
         let key = (topic.to_string(), partition);
-        let writers = self.inner.writers.lock().await;
-        if writers.contains_key(&key) {
+        let slot = self.writer_slot(&key);
+        let writer = slot.lock().await;
+        if writer.is_some() {
             return Err(ApiError::unavailable(format!("this agent writes {topic}/{partition}; retry")));
         }
         if let Some(r) = self.open_replica_if_any(topic, partition) {
@@ -2085,7 +2130,7 @@ impl Agent {
             .insert(key.clone(), (topic_id, replica.reader()));
         let shared = Arc::new(Mutex::new(Some(replica)));
         lock(&self.inner.replicas).insert(key, Arc::clone(&shared));
-        drop(writers);
+        drop(writer);
         Ok(shared)
     }
 
@@ -2636,8 +2681,9 @@ impl Agent {
             if !self.retired_log_droppable(&key, topic_id, &ranges) {
                 continue;
             }
-            let writers = self.inner.writers.lock().await;
-            if writers.contains_key(&key) {
+            let slot = self.writer_slot(&key);
+            let writer = slot.lock().await;
+            if writer.is_some() {
                 continue;
             }
             // Again under the lock that opening a writer or a replica takes: what was read
@@ -2669,7 +2715,7 @@ impl Agent {
                 Ok(Err(e)) => warn!(topic, partition, error = %e, "deleting an archived local log failed"),
                 Err(e) => warn!(topic, partition, error = %e, "deleting an archived local log panicked"),
             }
-            drop(writers);
+            drop(writer);
         }
     }
 

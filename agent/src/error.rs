@@ -24,13 +24,20 @@ pub enum StoreError {
     /// A read failed.
     #[error("reading the log: {0}")]
     Read(io::Error),
-    /// fsync failed. The replica must stop accepting writes: the kernel may have dropped pages.
-    #[error("fsync of {path} failed: {source}; this replica stops accepting writes")]
+    /// fsync failed. What it was to cover is cut off the file (see [`crate::disk`]); the log is
+    /// opened again before it takes writes.
+    #[error("fsync of {path} failed: {source}; what it was to make durable is dropped")]
     FsyncFailed {
         /// Which file.
         path: PathBuf,
         /// The OS error.
         source: io::Error,
+    },
+    /// An fsync failed in this directory and what it may have lost could not be cut off.
+    #[error("an fsync in {dir} failed and the data it may have lost could not be cut off: this agent opens no log there again until it restarts")]
+    DiskDistrusted {
+        /// The partition's directory.
+        dir: PathBuf,
     },
     /// Recovery found damage it cannot repair by truncating a torn tail.
     #[error("{path} is corrupt at byte {position}: {reason}")]
@@ -179,6 +186,9 @@ impl From<StoreError> for ApiError {
             StoreError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", e.to_string()),
             StoreError::Diverged(_) => ApiError::new(StatusCode::CONFLICT, "replica_diverged", e.to_string()),
             StoreError::OutOfRange { .. } => ApiError::bad_request("offset_out_of_range", e.to_string()),
+            StoreError::DiskDistrusted { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "disk_failed", e.to_string())
+            }
             other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
         }
     }

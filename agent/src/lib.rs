@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod disk;
 pub mod error;
 pub mod group_cursor;
 pub mod metrics;

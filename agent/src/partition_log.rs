@@ -79,6 +79,9 @@ impl PartitionLog {
     /// Opens (or creates) the log in `dir`. Every segment but the last is taken as sealed;
     /// the last is scanned batch by batch and its torn tail, if any, truncated.
     pub fn open(dir: &Path) -> Result<(PartitionLog, Vec<ScanReport>), StoreError> {
+        if crate::disk::is_distrusted(dir) {
+            return Err(StoreError::DiskDistrusted { dir: dir.to_path_buf() });
+        }
         fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, "create directory", e))?;
         let mut bases: Vec<u64> = Vec::new();
         for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, "list", e))? {
@@ -682,6 +685,30 @@ mod tests {
         let r = reader.read(end, 1 << 20).unwrap();
         assert!(r.batches.is_empty());
         assert_eq!((r.next_offset, r.high_watermark), (end, end));
+    }
+
+    /// A writer's log whose fsync fails holds, opened again (the writer restarts from disk),
+    /// only what fsyncs covered: the failed group is not counted as held by a recovery, and the
+    /// offsets it took are taken again by the next appends.
+    #[test]
+    fn after_a_failed_fsync_the_log_holds_only_what_an_fsync_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        let kept = append(&mut log, &[records(0, 5, 100, |n| n as i64)]);
+        let segment_file = dir.path().join(crate::segment::log_file_name(0));
+        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
+        let e = log.append_and_sync(vec![batch(&records(5, 5, 100, |n| n as i64))], EPOCH).unwrap_err();
+        assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
+        assert_eq!(fault.failed(), 1);
+        drop(log);
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        assert_eq!(log.next_offset(), 5, "the group whose fsync failed is not held");
+        let held = crate::replica::HeldSegment::of(&log, 0, EPOCH, "instance").unwrap();
+        assert_eq!(held.end_offset, 5, "a recovery is told what fsyncs covered");
+        let synced = fault.synced();
+        let later = append(&mut log, &[records(50, 2, 100, |n| n as i64)]);
+        assert_eq!(fault.synced(), synced + 1);
+        assert_records(&read_all(&log.reader(), 0, 1 << 20), &[kept, later].concat(), 0);
     }
 
     #[test]

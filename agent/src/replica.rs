@@ -47,7 +47,7 @@ pub fn write_fence(dir: &Path, epoch: u64) -> Result<(), StoreError> {
     let tmp = dir.join("fence.tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| StoreError::io(&tmp, "create", e))?;
     f.write_all(epoch.to_string().as_bytes()).map_err(|e| StoreError::io(&tmp, "write", e))?;
-    f.sync_all().map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
+    crate::disk::sync_all(&f, &tmp).map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
     std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(&path, "rename", e))?;
     crate::segment::sync_dir(dir)
 }
@@ -398,6 +398,58 @@ mod tests {
             read.batches.iter().map(|b| (b.base_offset(), b.last_offset())).collect::<Vec<_>>(),
             [(2, 4)]
         );
+    }
+
+    /// A replica whose fsync fails holds, opened again, only what an fsync covered: a retry
+    /// of the failed batch is written and fsynced again, never skipped as already held (the
+    /// page cache may show it, the disk may not hold it).
+    #[test]
+    fn after_a_failed_fsync_a_replica_holds_only_what_an_fsync_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = partition(&[(0, None, SegmentState::Open, 1)]);
+        let mut r = Replica::open(dir.path(), 1, &part).unwrap();
+        assert_eq!(r.append(0, 1, &[batch(0, 3, 1)]).unwrap(), 3);
+        let segment_file = dir.path().join(crate::segment::log_file_name(0));
+        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
+        let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
+        assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
+        assert_eq!(fault.failed(), 1);
+        // The agent opens a failed replica again from disk.
+        drop(r);
+        let mut r = Replica::open(dir.path(), 1, &part).unwrap();
+        let ends: Vec<u64> = r.log_mut().segments().iter().map(|s| s.next_offset()).collect();
+        assert_eq!(ends, [3], "the batch whose fsync failed is not held");
+        let synced = fault.synced();
+        assert_eq!(r.append(0, 1, &[batch(3, 2, 1)]).unwrap(), 5, "the writer's retry");
+        assert_eq!(fault.synced(), synced + 1, "the retried batch was fsynced before it was acknowledged");
+        drop(r);
+        let r = Replica::open(dir.path(), 1, &part).unwrap();
+        let read = r.reader().read(0, 1 << 20).unwrap();
+        assert_eq!(
+            read.batches.iter().map(|b| (b.base_offset(), b.last_offset())).collect::<Vec<_>>(),
+            [(0, 2), (3, 4)]
+        );
+    }
+
+    /// When not even the cut back to the last fsync can be made durable, the directory is
+    /// distrusted: the replica is not opened there again, with an error that says why.
+    #[test]
+    fn a_replica_whose_failed_fsync_cannot_be_cut_off_is_not_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = partition(&[(0, None, SegmentState::Open, 1)]);
+        let mut r = Replica::open(dir.path(), 1, &part).unwrap();
+        r.append(0, 1, &[batch(0, 3, 1)]).unwrap();
+        let segment_file = dir.path().join(crate::segment::log_file_name(0));
+        // The append's fsync and the cut's.
+        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 2);
+        let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
+        assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
+        assert_eq!(fault.failed(), 2);
+        drop(r);
+        let e = Replica::open(dir.path(), 1, &part).unwrap_err();
+        assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");
+        let api = crate::error::ApiError::from(e);
+        assert_eq!((api.status().as_u16(), api.code), (503, "disk_failed"), "{api}");
     }
 
     #[test]

@@ -282,7 +282,8 @@ impl Segment {
                             self.file
                                 .set_len(position)
                                 .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-                            self.file.sync_all().map_err(|e| StoreError::io(&self.path, "fsync", e))?;
+                            crate::disk::sync_all(&self.file, &self.path)
+                                .map_err(|e| StoreError::io(&self.path, "fsync", e))?;
                             report.truncated_bytes = len - position;
                             break;
                         }
@@ -476,10 +477,42 @@ impl Segment {
         Ok(())
     }
 
-    /// Makes every appended byte durable. An error here is fatal for this replica: the
-    /// kernel may have dropped the dirty pages, so the caller must not retry and carry on.
-    pub fn sync(&self) -> Result<(), StoreError> {
-        self.file.sync_data().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })
+    /// Makes every appended byte durable. After an error the segment holds only what the
+    /// last successful fsync covered ([`Segment::discard_unsynced`]).
+    fn sync(&mut self) -> Result<(), StoreError> {
+        match crate::disk::sync_data(&self.file, &self.path) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                Err(self.discard_unsynced(StoreError::FsyncFailed { path: self.path.clone(), source: e }))
+            }
+        }
+    }
+
+    /// After the failed fsync that gave `error`: the bytes written since the last successful
+    /// fsync may be in the page cache only (a later read would still see them), so the file is
+    /// cut back to what that fsync covered, the cut made durable, and the segment loaded again
+    /// from the file: nothing the failure may have lost is ever counted as held. When that
+    /// fails too, the directory is distrusted ([`crate::disk::distrust`]). Returns `error`.
+    fn discard_unsynced(&mut self, error: StoreError) -> StoreError {
+        let durable = self.synced_bytes;
+        let cut = self
+            .file
+            .set_len(durable)
+            .and_then(|()| crate::disk::sync_all(&self.file, &self.path))
+            .map_err(|e| StoreError::io(&self.path, "cut back to its last fsync", e))
+            .and_then(|()| Segment::open_with(&self.path, self.base_offset, false, Tail::Synced));
+        match cut {
+            Ok((segment, _)) => {
+                warn!(path = %self.path.display(), %error, kept_bytes = durable, dropped_bytes = self.size_bytes - durable, "an fsync failed: the segment is cut back to what its last successful fsync covered");
+                *self = segment;
+            }
+            Err(cut) => {
+                let dir = self.path.parent().unwrap_or(&self.path);
+                error!(path = %self.path.display(), %error, %cut, "an fsync failed and the segment cannot be cut back to what is on disk: this agent opens no log in its directory again until it restarts");
+                crate::disk::distrust(dir);
+            }
+        }
+        error
     }
 
     /// [`Segment::sync`] for the end of a group of appends. When the group was small, zero-filled
@@ -532,6 +565,7 @@ impl Segment {
         }
         self.allocated_bytes = self.size_bytes;
         self.sync()?;
+        self.synced_bytes = self.size_bytes;
         let mut idx = Vec::new();
         for e in read(&self.index).iter() {
             idx.extend_from_slice(&e.offset.to_be_bytes());
@@ -706,7 +740,8 @@ impl Segment {
             }
         }
         self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-        self.file.sync_all().map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
+        crate::disk::sync_all(&self.file, &self.path)
+            .map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
         // Synced up to the cut: whatever is bad in it is damage, not a torn group.
         let (mut segment, _) = Segment::open_with(&self.path, self.base_offset, false, Tail::Synced)?;
         if sealed {
@@ -999,7 +1034,7 @@ fn read_with_crc(path: &Path) -> Option<Vec<u8>> {
 /// Fsyncs a directory so that created, renamed and removed entries are durable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
-        .and_then(|d| d.sync_all())
+        .and_then(|d| crate::disk::sync_all(&d, dir))
         .map_err(|e| StoreError::FsyncFailed { path: dir.to_path_buf(), source: e })
 }
 

@@ -26,6 +26,10 @@ use crate::data_dir::{default_object_store_url, lock_data_dir};
 /// `error_rate=0.2,seed=7` (see `FaultConfig`).
 pub const FAULTS_ENV: &str = "SILT_TEST_OBJECT_STORE_FAULTS";
 
+/// Environment variable that makes fsyncs of the agent's files fail, for tests only:
+/// `<path part>:<skip>:<count>`, several separated by `;` (see `silt_agent::disk`).
+pub const FSYNC_FAULTS_ENV: &str = "SILT_TEST_FSYNC_FAULTS";
+
 /// What `silt dev` runs with.
 #[derive(Debug, Clone)]
 pub struct DevConfig {
@@ -227,6 +231,11 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     let addr = config.listener.local_addr().context("listener has no address")?;
     let url = config.object_store.clone();
     let (store, store_stats, prefix) = open_archive(&url)?;
+    if let Ok(spec) = std::env::var(FSYNC_FAULTS_ENV) {
+        silt_agent::disk::inject_fsync_errors_from_spec(&spec)
+            .map_err(|e| anyhow::anyhow!("invalid {FSYNC_FAULTS_ENV}='{spec}': {e}"))?;
+        warn!(%spec, "injecting fsync errors (testing only)");
+    }
 
     let cold = ColdReader::new(Arc::clone(&store), config.cache.options(&config.data_dir))
         .await

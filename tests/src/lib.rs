@@ -169,9 +169,15 @@ impl SiltDev {
     }
 
     fn spawn(&mut self) {
+        let ready = self.launch("127.0.0.1:0");
+        self.wait_ready(ready);
+    }
+
+    /// Starts the process listening on `listen`; [`SiltDev::wait_ready`] waits for its address.
+    fn launch(&mut self, listen: &str) -> mpsc::Receiver<String> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file");
         let mut cmd = Command::new(silt_bin());
-        cmd.args(&self.command).args(["--listen", "127.0.0.1:0"]);
+        cmd.args(&self.command).args(["--listen", listen]);
         if self.has_data_dir {
             cmd.arg("--data-dir").arg(&self.data_dir);
         }
@@ -200,7 +206,13 @@ impl SiltDev {
                 }
             }
         });
-        let url = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+        self.child = Some(child);
+        rx
+    }
+
+    /// Waits until the launched process prints that it listens, and takes its address.
+    fn wait_ready(&mut self, ready: mpsc::Receiver<String>) {
+        let url = ready.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
             panic!(
                 "silt {} did not start within 30s; log:\n{}",
                 self.command[0],
@@ -208,7 +220,6 @@ impl SiltDev {
             )
         });
         self.url = url;
-        self.child = Some(child);
     }
 
     /// The lines it printed to stdout so far (`silt dev --agents N` prints each agent's
@@ -283,10 +294,33 @@ impl SiltDev {
         std::fs::remove_dir_all(&self.data_dir).expect("remove the data directory");
     }
 
+    /// Sets an environment variable for the next start (a fault to inject after a restart).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.options.env.retain(|(k, _)| k != key);
+        self.options.env.push((key.to_string(), value.to_string()));
+    }
+
     /// Starts the process again on the same data directory (on a new port).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill first");
         self.spawn();
+    }
+
+    /// Starts every one of `devs` again at once, each on the same data directory and the same
+    /// port as before (as a restarted machine would), and waits until all of them listen: none
+    /// waits for another to be up first.
+    pub fn restart_together(devs: &mut [SiltDev]) {
+        let launched: Vec<mpsc::Receiver<String>> = devs
+            .iter_mut()
+            .map(|d| {
+                assert!(d.child.is_none(), "stop or kill first");
+                let listen = d.url.trim_start_matches("http://").to_string();
+                d.launch(&listen)
+            })
+            .collect();
+        for (d, ready) in devs.iter_mut().zip(launched) {
+            d.wait_ready(ready);
+        }
     }
 }
 

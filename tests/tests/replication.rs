@@ -563,6 +563,129 @@ async fn a_killed_writer_loses_nothing_and_its_followers_carry_on_without_it() {
     .await;
 }
 
+/// Every process of the cluster killed with kill -9 at once (the three metadata nodes and the
+/// three agents) and started again together, each agent on its old address: every partition
+/// takes messages again within two leases, and every acknowledged message is still there. Each
+/// restarted writer fences and copies from agents that are starting writers of their own at
+/// the same moment; none waits for another to finish its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_killed_at_once_takes_messages_on_every_partition_within_two_leases() {
+    let mut cluster = Cluster::start().await;
+    cluster.agents[0].client().create_topic("orders", PARTITIONS, &r3()).await.expect("create topic");
+    let producers = Producers::start(2, "orders", Arc::clone(&cluster.urls));
+    wait_for("acknowledged messages", Duration::from_secs(30), || async {
+        (producers.acked_count() >= 500).then_some(())
+    })
+    .await;
+    let mut acked = producers.stop().await;
+
+    for id in 1..=3 {
+        cluster.metadata.node_mut(id).kill9();
+    }
+    for agent in &mut cluster.agents {
+        agent.kill9();
+    }
+    let restarted = Instant::now();
+    for id in 1..=3 {
+        cluster.metadata.node_mut(id).restart();
+    }
+    SiltDev::restart_together(&mut cluster.agents);
+    cluster.refresh_urls();
+
+    // One message to each partition, through each agent in turn, until each is acknowledged.
+    let lease = Duration::from_secs(2);
+    let urls = cluster.urls.lock().expect("urls").clone();
+    let probes: Vec<_> = (0..PARTITIONS)
+        .map(|partition| {
+            let urls = urls.clone();
+            tokio::spawn(async move {
+                for attempt in 0usize.. {
+                    let client = Client::with_timeout(&urls[attempt % urls.len()], Duration::from_secs(1))
+                        .expect("client");
+                    let m = OutMessage {
+                        partition: Some(partition),
+                        value: Some(format!("probe{partition}-0")),
+                        ..OutMessage::default()
+                    };
+                    match client.produce("orders", &[m]).await {
+                        Ok(ids) => {
+                            return (offset_of(&ids[0]), format!("probe{partition}-0"), restarted.elapsed())
+                        }
+                        Err(_) if restarted.elapsed() < Duration::from_secs(60) => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(e) => {
+                            panic!("partition {partition} takes no message 60 s after the restart: {e}")
+                        }
+                    }
+                }
+                unreachable!("the attempts never end")
+            })
+        })
+        .collect();
+    let mut probed = Vec::new();
+    for probe in probes {
+        probed.push(probe.await.expect("probe"));
+    }
+    let took: Vec<u128> = probed.iter().map(|(_, _, took)| took.as_millis()).collect();
+    eprintln!(
+        "every partition took a message again {took:?} ms after the whole cluster restarted (lease {LEASE})"
+    );
+    for ((offset, value, took), partition) in probed.into_iter().zip(0..) {
+        assert!(
+            took <= 2 * lease,
+            "partition {partition} took a message only {} ms after the restart, more than two leases; logs:\n{}",
+            took.as_millis(),
+            cluster.logs()
+        );
+        acked.insert(offset, value);
+    }
+    check(&cluster.agents[1].client(), "orders", &acked).await;
+}
+
+/// The writer of a partition whose fsync fails and whose file cannot even be cut back to what
+/// the last successful fsync covered (the second fsync fails too): it acknowledges nothing of
+/// the failed group, opens no log of the partition again, and hands the partition to another
+/// agent, which recovers the open segment from the other replicas; no acknowledged message is
+/// lost, and producing goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_disk_fails_an_fsync_hands_its_partition_over_and_loses_nothing() {
+    let mut cluster = Cluster::start().await;
+    cluster.agents[0].client().create_topic("orders", PARTITIONS, &r3()).await.expect("create topic");
+    let (writer, _) = cluster.writer_and_followers("orders", 0).await;
+    let id = cluster.state().await.expect("state").topics["orders"].id;
+    // The writer restarts with a disk whose fsyncs of partition 0's files fail, twice in a row,
+    // once it has made 40 of them: well after its start, while it appends.
+    let w = cluster.index_of(&writer);
+    cluster.agents[w].kill9();
+    cluster.agents[w].set_env("SILT_TEST_FSYNC_FAULTS", &format!("/orders~{id}/0/:40:2"));
+    cluster.agents[w].restart();
+    cluster.refresh_urls();
+    let epoch =
+        wait_for("the restarted agent writing partition 0 again", Duration::from_secs(30), || async {
+            let s = cluster.state().await?;
+            let p = &s.topics["orders"].partitions[0];
+            (p.writer.as_deref() == Some(writer.as_str()) && p.open_segment().is_some()).then_some(p.epoch)
+        })
+        .await;
+
+    let producers = Producers::start(2, "orders", Arc::clone(&cluster.urls));
+    let s = cluster.writers_moved_from("orders", &writer, &[0]).await;
+    assert!(s.topics["orders"].partitions[0].epoch > epoch, "the new writer has a higher epoch");
+    let log = cluster.agents[w].log();
+    for said in
+        ["an fsync failed and the segment cannot be cut back", "an fsync of its local log failed here"]
+    {
+        assert!(log.contains(said), "the agent whose disk failed says \"{said}\"; log:\n{log}");
+    }
+    let handed_over = Instant::now();
+    producers.acked_after(0, handed_over, &cluster).await;
+    let acked = producers.stop().await;
+    assert!(acked.keys().any(|(p, _)| *p == 0), "partition 0 took messages");
+    let other = (w + 1) % cluster.agents.len();
+    check(&cluster.agents[other].client(), "orders", &acked).await;
+}
+
 /// Faults on a running cluster, each followed by recovery, while producers write and readers
 /// replay every partition through any agent: how many rounds run is `SILT_TEST_FAULT_ROUNDS`
 /// (default 8: every kind of fault once, the writer killed twice); `SILT_TEST_FAULT` (for
