@@ -517,8 +517,9 @@ impl Page {
     }
 }
 
-/// Reads what `limit` allows of a local log from `offset` on. Returns the records, where the
-/// next read starts, the log's end, and the batch bytes read.
+/// Reads what `limit` allows of a local log from `offset` on, ending at a batch not written
+/// under `epoch` if one is given. Returns the records, where the next read starts, the log's
+/// end, and the batch bytes read.
 ///
 /// The hot tail was just written, so the page cache holds it: up to [`INLINE_READ_BYTES`] are
 /// read on this runtime thread from the page cache only, and the read goes on in the blocking
@@ -528,8 +529,9 @@ async fn read_hot(
     reader: Arc<PartitionReader>,
     offset: u64,
     limit: ReadLimit,
+    epoch: Option<i32>,
 ) -> Result<(Vec<Record>, u64, u64, usize), ApiError> {
-    let mut page = HotPage::new(offset, reader.high_watermark());
+    let mut page = HotPage::new(offset, reader.high_watermark()).of_epoch(epoch);
     match page.read(&reader, &limit, ReadMode::CachedOnly, INLINE_READ_BYTES) {
         Ok(true) => return Ok(page.into_parts()),
         Ok(false) | Err(StoreError::NotCached) => {}
@@ -565,12 +567,19 @@ struct HotPage {
     bytes: usize,
     /// Bytes of the records' keys, values and headers.
     used: usize,
+    /// Only batches of this epoch are read: the page ends at a batch of another.
+    epoch: Option<i32>,
 }
 
 impl HotPage {
     /// An empty page from `offset`, of a log that ends at `hwm`.
     fn new(offset: u64, hwm: u64) -> Self {
-        HotPage { records: Vec::new(), next: offset, hwm, bytes: 0, used: 0 }
+        HotPage { records: Vec::new(), next: offset, hwm, bytes: 0, used: 0, epoch: None }
+    }
+
+    /// Ends the page at the first batch not written under `epoch`.
+    fn of_epoch(self, epoch: Option<i32>) -> Self {
+        HotPage { epoch, ..self }
     }
 
     /// Reads on until `limit` is reached or the log ends (`true`), or until `budget` more
@@ -599,6 +608,9 @@ impl HotPage {
                 return Ok(true);
             }
             for batch in &r.batches {
+                if self.epoch.is_some_and(|e| e != batch.partition_leader_epoch()) {
+                    return Ok(true);
+                }
                 self.bytes += batch.len_bytes();
                 for record in batch.records() {
                     if record.offset < self.next {
@@ -1857,7 +1869,7 @@ impl Agent {
                 return Ok((page.records, page.next, reader.high_watermark()));
             }
             stage.set("reading the local log", page.next);
-            match read_hot(Arc::clone(&reader), page.next, page.rest(&limit)).await {
+            match read_hot(Arc::clone(&reader), page.next, page.rest(&limit), None).await {
                 Ok((hot, next, hwm, bytes)) => {
                     let mut records = page.records;
                     records.extend(hot);
@@ -1885,11 +1897,16 @@ impl Agent {
     ) -> Result<Vec<Record>, ApiError> {
         // The local copy first; a copy this agent lacks (a wiped disk) or holds only in part is
         // completed from the other members.
-        let mut records = match self.local_reader(topic, partition) {
-            Some(reader) => {
-                Self::read_segment_from(reader, base_offset, last_offset).await.unwrap_or_default()
+        let epoch = self
+            .with_partition(topic, partition, |p| {
+                p.segments.get(&base_offset).map(|s| crate::partition_log::epoch_i32(s.epoch))
+            })
+            .flatten();
+        let mut records = match (self.local_reader(topic, partition), epoch) {
+            (Some(reader), Some(epoch)) => {
+                Self::read_segment_from(reader, base_offset, last_offset, epoch).await.unwrap_or_default()
             }
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         // A replica that left the ensemble early holds a shorter copy: the rest is on the
         // others.
@@ -1916,10 +1933,13 @@ impl Agent {
         Ok(records)
     }
 
+    /// The records `base_offset..=last_offset` of the local log's copy of a segment written
+    /// under `epoch` (stamped as batches carry it); they end at a batch of another epoch.
     async fn read_segment_from(
         reader: Arc<PartitionReader>,
         base_offset: u64,
         last_offset: u64,
+        epoch: i32,
     ) -> Result<Vec<Record>, ApiError> {
         tokio::task::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
             let mut records = Vec::new();
@@ -1930,6 +1950,9 @@ impl Agent {
                     break;
                 }
                 for batch in &r.batches {
+                    if batch.partition_leader_epoch() != epoch {
+                        return Ok(records);
+                    }
                     records.extend(
                         batch.records().filter(|rec| rec.offset >= next && rec.offset <= last_offset),
                     );
@@ -1978,6 +2001,7 @@ impl Agent {
                 p.segments.range(..=offset).next_back().map(|(_, s)| s.clone())
             })
             .flatten();
+        let epoch = segment.as_ref().map(|seg| crate::partition_log::epoch_i32(seg.epoch));
         let committed_last = segment.and_then(|seg| {
             if seg.state != silt_metadata::state::SegmentState::Open {
                 return seg.last_offset;
@@ -1992,10 +2016,14 @@ impl Agent {
             )));
         };
         let want = limit.records.max(1).min((last - offset + 1) as usize);
-        let (records, next, hwm, _) = read_hot(reader, offset, ReadLimit { records: want, ..limit }).await?;
+        // Only the copy of the segment metadata records there: a local segment of another
+        // epoch at these offsets holds records a recovery dropped, not yet cut back here.
+        let (records, next, hwm, _) =
+            read_hot(reader, offset, ReadLimit { records: want, ..limit }, epoch).await?;
         if records.is_empty() {
             return Err(ApiError::unavailable(format!(
-                "this agent's replica of {topic}/{partition} does not hold offset {offset}"
+                "this agent's replica of {topic}/{partition} does not hold offset {offset} as written under epoch {}",
+                epoch.unwrap_or_default()
             )));
         }
         Ok((records, next, hwm))
@@ -3547,6 +3575,49 @@ mod tests {
         assert!(mixed.read(&reader, &all, ReadMode::MayBlock, usize::MAX).unwrap());
         assert_eq!(offsets(&mixed.records), offsets(&whole.records));
         assert_eq!((mixed.bytes, mixed.used, mixed.hwm), (whole.bytes, whole.used, whole.hwm));
+    }
+
+    /// A local log may hold, at offsets metadata records for a segment of one epoch, batches
+    /// of another (what a recovery that did not hear from this replica dropped, in a log not
+    /// cut back yet): reads of a held segment return only batches of its epoch.
+    #[tokio::test]
+    async fn reads_of_a_held_segment_return_only_batches_of_its_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+        let batch = |tag: &str| {
+            let records: Vec<silt_record::NewRecord> = (0..5)
+                .map(|i| silt_record::NewRecord {
+                    timestamp_ms: i,
+                    key: None,
+                    value: Some(Bytes::from(format!("{tag}{i}"))),
+                    headers: Vec::new(),
+                })
+                .collect();
+            RecordBatch::parse(silt_record::encode_batch(&records).unwrap()).unwrap()
+        };
+        // Offsets 0..10 written under epoch 1, then 10..20 under epoch 2, in one segment file.
+        log.append_and_sync(vec![batch("a"), batch("b")], 1).unwrap();
+        log.append_and_sync(vec![batch("c"), batch("d")], 2).unwrap();
+        log.publish();
+        let reader = log.reader();
+        let all = ReadLimit::new(10_000, usize::MAX);
+        let read = |from: u64, epoch: Option<i32>| {
+            let mut page = HotPage::new(from, 0).of_epoch(epoch);
+            assert!(page.read(&reader, &all, ReadMode::MayBlock, usize::MAX).unwrap());
+            offsets(&page.records)
+        };
+        assert_eq!(read(0, None), (0..20).collect::<Vec<_>>());
+        assert_eq!(read(0, Some(1)), (0..10).collect::<Vec<_>>(), "ends at the first batch of epoch 2");
+        assert_eq!(read(3, Some(2)), Vec::<u64>::new(), "offset 3 is of epoch 1 here");
+        assert_eq!(read(12, Some(2)), (12..20).collect::<Vec<_>>());
+        let (records, _, _, _) = read_hot(Arc::clone(&reader), 0, all, Some(2)).await.unwrap();
+        assert!(records.is_empty(), "{:?}", offsets(&records));
+
+        // What the compactor archives from this log.
+        let segment = |first, last, epoch| Agent::read_segment_from(Arc::clone(&reader), first, last, epoch);
+        assert_eq!(offsets(&segment(0, 19, 1).await.unwrap()), (0..10).collect::<Vec<_>>());
+        assert!(segment(0, 19, 2).await.unwrap().is_empty());
+        assert_eq!(offsets(&segment(10, 14, 2).await.unwrap()), (10..15).collect::<Vec<_>>());
     }
 
     #[test]

@@ -422,8 +422,9 @@ fn is_prefix(held: &Segment, batches: &[RecordBatch]) -> Result<bool, StoreError
     Ok(ours.iter().zip(batches).all(|(a, b)| a.as_bytes() == b.as_bytes()))
 }
 
-/// Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay far below that.
-fn epoch_i32(epoch: u64) -> i32 {
+/// The epoch as batches carry it: Kafka's partitionLeaderEpoch is an i32; Silt's epochs stay
+/// far below that.
+pub(crate) fn epoch_i32(epoch: u64) -> i32 {
     i32::try_from(epoch).unwrap_or(i32::MAX)
 }
 
