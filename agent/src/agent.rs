@@ -154,6 +154,8 @@ struct StartFailure {
     /// When the writer started after the latest failure, if it runs: a writer that keeps
     /// running for a lease ends the streak.
     started: Option<Instant>,
+    /// When handing the partition to another agent last failed.
+    handoff_failed: Option<Instant>,
 }
 
 impl StartFailure {
@@ -166,6 +168,7 @@ impl StartFailure {
             error,
             failures: previous.map_or(1, |f| f.failures + 1),
             started: None,
+            handoff_failed: previous.and_then(|f| f.handoff_failed),
         }
     }
 }
@@ -425,9 +428,9 @@ fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
         use std::io::Write as _;
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(id.as_bytes())?;
-        f.sync_all()?;
+        crate::disk::sync_all(&f, &tmp)?;
         std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
+        crate::disk::sync_all(&std::fs::File::open(data_dir)?, data_dir)
     };
     write().map_err(|e| StoreError::io(&path, "write", e))?;
     Ok(id)
@@ -646,8 +649,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Agent {
-    /// Starts the agent: opens the partitions of every existing topic, removes local data of
-    /// deleted topics and starts the ack checkpointer.
+    /// Starts the agent: registers with metadata, removes local data of deleted topics, opens
+    /// the local logs it holds of partitions it does not write, and starts its tasks: the
+    /// supervisor (whose first round starts the writers metadata gives this agent, while the
+    /// API already serves), heartbeats, the ack checkpointer and the disk usage gauges.
     pub async fn start(
         config: AgentConfig,
         metadata: Metadata,
@@ -929,7 +934,9 @@ impl Agent {
                 // A writer that runs after one failure is given its lease; one that keeps
                 // failing (it starts, then loses its quorum at once) is not.
                 .filter(|(_, f, disk)| {
-                    *disk || (f.since.elapsed() >= lease && (f.started.is_none() || f.failures >= 2))
+                    let retry_due = f.handoff_failed.is_none_or(|t| t.elapsed() >= lease);
+                    (*disk && retry_due)
+                        || (f.since.elapsed() >= lease && (f.started.is_none() || f.failures >= 2))
                 })
                 .map(|(k, f, disk)| (k.clone(), f.error.message.clone(), disk))
                 .collect()
@@ -983,6 +990,7 @@ impl Agent {
                     }
                     if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
                         f.since = Instant::now();
+                        f.handoff_failed = Some(Instant::now());
                     }
                 }
             }
@@ -1092,7 +1100,8 @@ impl Agent {
     pub async fn shutdown(&self) {
         self.inner.cancel.cancel();
         let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *lock(&self.inner.tasks));
-        let slots: Vec<WriterSlot> = lock(&self.inner.writers).drain().map(|(_, slot)| slot).collect();
+        // Taken out of their slots, which stay: a slot is never replaced while anyone holds it.
+        let slots: Vec<WriterSlot> = lock(&self.inner.writers).values().cloned().collect();
         let mut writers = Vec::new();
         for slot in slots {
             writers.extend(slot.lock().await.take());
@@ -1252,7 +1261,7 @@ impl Agent {
                 error!(topic, partition, error = %e, "partition writer panicked");
             }
         }
-        self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let retired = self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
         // A replica this agent held as a follower is the writer's log now.
         if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
             *lock(&replica) = None;
@@ -1268,6 +1277,11 @@ impl Agent {
             let mut failures = lock(&self.inner.start_failures);
             let failure = StartFailure::after(failures.get(&key), e.clone());
             failures.insert(key.clone(), failure);
+            // What it published stays readable (it was fsynced): segments only this agent
+            // holds are read, repaired and archived from it.
+            if let Some(retired) = retired {
+                self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), retired);
+            }
             e
         })?;
         let config = WriterConfig {
@@ -1476,8 +1490,12 @@ impl Agent {
             warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
         }
         drop(guards);
-        // Slots nobody holds or waits for go (one that is still wanted is found again by name).
-        lock(&self.inner.writers).retain(|(t, _), slot| t != name || Arc::strong_count(slot) > 1);
+        // The deleted topic's slots that nobody holds, waits for or runs a writer in go (the
+        // name may be a new topic's already, with writers of its own).
+        lock(&self.inner.writers).retain(|(t, p), slot| {
+            let idle = Arc::strong_count(slot) == 1 && slot.try_lock().is_ok_and(|w| w.is_none());
+            !(t == name && *p < count && idle)
+        });
         // Metadata no longer points at the topic's objects: delete them (listing is fine for an
         // admin operation). A failure leaves orphans, which cost storage only: keys carry the
         // topic id, so a topic created again under the name never meets them.
@@ -2122,7 +2140,14 @@ impl Agent {
         let key = (topic.to_string(), partition);
         let mut replicas = lock(&self.inner.replicas);
         let r = replicas.get(&key).cloned()?;
-        if lock(&r).is_some() {
+        let mut replica = lock(&r);
+        // One whose directory an fsync failure left distrusted is closed: opening it again
+        // answers `disk_failed`.
+        if replica.as_mut().is_some_and(|rep| rep.log_mut().is_distrusted()) {
+            *replica = None;
+        }
+        if replica.is_some() {
+            drop(replica);
             return Some(r);
         }
         replicas.remove(&key);

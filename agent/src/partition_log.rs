@@ -122,6 +122,20 @@ impl PartitionLog {
         Ok((log, reports))
     }
 
+    /// Refuses every write once an fsync failure left this log's directory distrusted (see
+    /// [`crate::disk`]): a later fsync may report success for pages an earlier one lost.
+    fn check_trusted(&self) -> Result<(), StoreError> {
+        if crate::disk::is_distrusted(&self.dir) {
+            return Err(StoreError::DiskDistrusted { dir: self.dir.clone() });
+        }
+        Ok(())
+    }
+
+    /// Whether an fsync failure left this log's directory distrusted.
+    pub fn is_distrusted(&self) -> bool {
+        crate::disk::is_distrusted(&self.dir)
+    }
+
     /// The shared read half.
     pub fn reader(&self) -> Arc<PartitionReader> {
         Arc::clone(&self.reader)
@@ -151,6 +165,7 @@ impl PartitionLog {
         batches: Vec<RecordBatch>,
         epoch: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.check_trusted()?;
         let mut ranges = Vec::with_capacity(batches.len());
         for batch in batches {
             let base = self.next_offset();
@@ -168,6 +183,7 @@ impl PartitionLog {
     /// or overlap part of one is refused. Returns the log's end. Not visible to readers until
     /// [`PartitionLog::publish`].
     pub fn append_replicated(&mut self, batches: &[RecordBatch]) -> Result<u64, StoreError> {
+        self.check_trusted()?;
         let mut wrote = false;
         for batch in batches {
             let next = self.next_offset();
@@ -195,6 +211,7 @@ impl PartitionLog {
     /// created at `base`. Offsets between the old end and `base` are not held here (this agent
     /// holds no replica of the segments in between): reads of them find nothing here.
     pub fn start_segment_at(&mut self, base: u64) -> Result<(), StoreError> {
+        self.check_trusted()?;
         if self.active().base_offset() == base {
             return Ok(());
         }
@@ -228,6 +245,7 @@ impl PartitionLog {
     /// first batches, byte for byte (what a follower that left the ensemble midway kept), is
     /// replaced by the copy.
     pub fn insert_sealed(&mut self, batches: &[RecordBatch]) -> Result<(), StoreError> {
+        self.check_trusted()?;
         // A copy that is not whole is the source's fault, not a disagreement with this log.
         let (Some(first), Some(last)) = (batches.first(), batches.last()) else {
             return Err(StoreError::Failed("an empty segment cannot be copied".into()));

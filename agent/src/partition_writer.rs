@@ -729,7 +729,11 @@ impl PartitionWriter {
                 // Refuse writes for a while, then end: the agent's supervisor starts a new
                 // writer, which recovers the log from disk (never retrying on the same state).
                 error!(%reason, "the partition writer failed; it stops and is restarted from disk");
-                let until = tokio::time::Instant::now() + FAILED_WRITER_RESTART_AFTER;
+                // A log this agent distrusts cannot be restarted here: the partition is handed
+                // to another agent at once.
+                let wait =
+                    if self.log().is_distrusted() { Duration::ZERO } else { FAILED_WRITER_RESTART_AFTER };
+                let until = tokio::time::Instant::now() + wait;
                 loop {
                     tokio::select! {
                         _ = cancel.cancelled() => break,

@@ -445,6 +445,11 @@ mod tests {
         let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
         assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
         assert_eq!(fault.failed(), 2);
+        // Still open, it takes no more writes: a later fsync may report success for pages
+        // the failed one lost.
+        let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
+        assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");
+        assert_eq!(fault.synced(), 0, "nothing was fsynced after the failures");
         drop(r);
         let e = Replica::open(dir.path(), 1, &part).unwrap_err();
         assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");

@@ -44,6 +44,12 @@ fn records(n: u64) -> Vec<Record> {
 /// A topic with one partition whose first segment is sealed with `count` records.
 async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
     let m = MetadataNode::open(dir, 1, "test".into()).await.expect("metadata");
+    seal_first_segment(&m, count).await;
+    m
+}
+
+/// Creates topic "t" with one partition and seals its first segment with `count` records.
+async fn seal_first_segment(m: &MetadataNode, count: u64) {
     m.write(Command::CreateTopic { name: "t".into(), partitions: 1, config: BTreeMap::new(), now_ms: 1 })
         .await
         .expect("create");
@@ -82,7 +88,6 @@ async fn sealed_segment(dir: &std::path::Path, count: u64) -> MetadataNode {
     })
     .await
     .expect("seal");
-    m
 }
 
 fn segment_state(m: &MetadataNode) -> (SegmentState, Option<String>) {
@@ -95,7 +100,7 @@ fn segment_state(m: &MetadataNode) -> (SegmentState, Option<String>) {
 fn compactor(
     m: &MetadataNode,
     store: Arc<dyn ObjectStore>,
-    source: Source,
+    source: impl SegmentSource + 'static,
     config: CompactorConfig,
 ) -> Compactor {
     Compactor::new(
@@ -225,4 +230,55 @@ async fn a_faulty_store_is_retried_until_the_segment_is_archived_once() {
     }
     assert!(faulty.injected() > 0, "faults were injected");
     assert_eq!(object_count(inner.as_ref()).await, 1, "exactly one object");
+}
+
+/// Deletes topic "t" and creates it again (sealing its first segment) the first time it is
+/// read: the topic changes incarnation while the compactor archives the old one's segment.
+struct RecreatedWhileRead {
+    records: Vec<Record>,
+    metadata: MetadataNode,
+    recreated: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl SegmentSource for RecreatedWhileRead {
+    async fn read_segment(&self, t: &str, p: u32, base: u64, last: u64) -> Result<Vec<Record>, String> {
+        if !self.recreated.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let id = self.metadata.read(|s| s.topics["t"].id).await.expect("topic id");
+            let delete = Command::DeleteTopic { name: "t".into(), topic_id: Some(id) };
+            self.metadata.write(delete).await.expect("delete");
+            seal_first_segment(&self.metadata, 50).await;
+        }
+        Source { records: self.records.clone() }.read_segment(t, p, base, last).await
+    }
+}
+
+#[tokio::test]
+async fn a_topic_deleted_and_created_again_while_its_segment_is_archived_gets_none_of_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = sealed_segment(dir.path(), 100).await;
+    let old_id = m.read(|s| s.topics["t"].id).await.expect("topic id");
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let source = RecreatedWhileRead {
+        records: records(100),
+        metadata: m.clone(),
+        recreated: std::sync::atomic::AtomicBool::new(false),
+    };
+    let c = compactor(&m, Arc::clone(&store), source, CompactorConfig::default());
+    // The old incarnation's segment: encoded and uploaded, its commit refused, its object
+    // deleted again.
+    assert_eq!(c.run_once().await, 0);
+    assert_eq!(c.metrics().archive_failures.get(), 1);
+    let old_key = object_key(&Path::from("archive"), "t", old_id, 0, 0, 99);
+    assert!(store.head(&old_key).await.is_err(), "the deleted topic's object is gone");
+    let new_id = m.read(|s| s.topics["t"].id).await.expect("topic id");
+    assert_ne!(new_id, old_id);
+    assert_eq!(segment_state(&m).0, SegmentState::Sealed, "the new topic's segment is untouched");
+
+    // The new incarnation's own segment (offsets 0..=49) is archived under its own key.
+    assert_eq!(c.run_once().await, 1);
+    let (state, key) = segment_state(&m);
+    assert_eq!(state, SegmentState::Archived);
+    assert_eq!(key, Some(object_key(&Path::from("archive"), "t", new_id, 0, 0, 49).to_string()));
+    assert_eq!(object_count(store.as_ref()).await, 1);
 }

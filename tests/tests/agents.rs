@@ -607,6 +607,28 @@ async fn a_stopped_agent_hands_its_partitions_over_archived_and_producing_contin
     assert_eq!(values, expected);
 }
 
+/// Metadata's state clock moves only with the commands it applies, and with every agent dead
+/// none comes: `silt cluster status` judges leases by the leader's lease clock when it answered,
+/// so a killed agent shows as not live once its lease lapsed, though nothing was applied since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_shows_a_killed_agent_down_once_its_lease_lapsed_with_no_agent_left() {
+    let (cluster, _tmp, objects) = cluster_and_bucket().await;
+    let mut a1 = agent("a1", &cluster, &objects, "2s");
+    let live = || {
+        let status: serde_json::Value =
+            serde_json::from_str(&silt_metadata_cli(&cluster.addrs().join(","), &["cluster", "status"]))
+                .expect("status json");
+        let agents = status["agents"].as_array().expect("agents").clone();
+        agents.iter().find(|a| a["id"] == "a1").map(|a| a["live"] == true)
+    };
+    assert_eq!(live(), Some(true));
+    a1.kill9();
+    wait_for("a1 shown down by cluster status", Duration::from_secs(20), || async {
+        (!live()?).then_some(())
+    })
+    .await;
+}
+
 /// Produces ten messages to each of the four partitions of `spread`, recording what was
 /// acknowledged. A partition moving at that moment refuses its request; the next round retries.
 async fn produce_round(client: &Client, round: usize, acked: &mut BTreeMap<(u32, u64), String>) {
