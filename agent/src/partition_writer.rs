@@ -302,7 +302,7 @@ impl PartitionWriter {
         let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
         let members = &open.ensemble;
         let w = self.config.write_quorum.clamp(1, members.len().max(1));
-        let needed = members.len() + 1 - w;
+        let needed = crate::recovery::answers_needed(members.len(), w);
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
             epoch: self.epoch,
@@ -330,12 +330,12 @@ impl PartitionWriter {
             })
             .collect();
         let mut held: Vec<(String, HeldSegment)> = Vec::new();
-        let mut missing: Vec<String> = Vec::new();
+        let mut missing: Vec<(String, String)> = Vec::new();
         let mut lost: Vec<String> = Vec::new();
         let classify = |m: String,
                         answer: Result<HeldSegment, String>,
                         held: &mut Vec<(String, HeldSegment)>,
-                        missing: &mut Vec<String>,
+                        missing: &mut Vec<(String, String)>,
                         lost: &mut Vec<String>| {
             let recorded = members
                 .iter()
@@ -345,7 +345,7 @@ impl PartitionWriter {
             match answer {
                 Ok(h) if recorded.is_some_and(|i| *i != h.instance) => lost.push(m),
                 Ok(h) => held.push((m, h)),
-                Err(e) => missing.push(format!("{m}: {e}")),
+                Err(e) => missing.push((m, e)),
             }
         };
         if members.contains(&me) {
@@ -372,7 +372,6 @@ impl PartitionWriter {
             }
         }
         drop(fences);
-        let counted = held.len();
         if !lost.is_empty() {
             // A member whose data directory was replaced holds nothing of the segment.
             let level = if lost.len() >= w {
@@ -384,42 +383,49 @@ impl PartitionWriter {
         }
         // Waiting helps only while some member may come back with what it holds; when every
         // member answered or is known to have lost its disk, the longest answer is all there is.
-        if counted < needed && !missing.is_empty() {
-            return Err(StoreError::NotEnoughReplicas(format!(
-                "partition {topic}/{partition} is waiting for its open segment at offset {base} held by agent(s) {}: \
-                 recovering it needs {needed} of them to answer, {counted} did{}{}; it becomes writable when enough of them are back",
-                members.join(", "),
-                if missing.is_empty() { "" } else { ": " },
-                missing.join("; ")
-            )));
-        }
-        let Some((source, best)) = held.iter().max_by_key(|(_, h)| h.end_offset).cloned() else {
-            error!(
-                base_offset = base,
-                "no replica of the open segment is left (their disks were replaced); sealing it empty: what it held is lost"
-            );
-            let empty = SealedSummary {
-                base_offset: base,
-                record_count: 0,
-                size_bytes: 0,
-                min_timestamp_ms: None,
-                max_timestamp_ms: None,
-                replicas: None,
-            };
-            self.metadata.write(self.seal_command(&empty)).await?;
-            return Ok(());
+        let answers: Vec<(String, crate::recovery::Answer)> = held
+            .iter()
+            .map(|(m, h)| (m.clone(), crate::recovery::Answer::Holds { end: h.end_offset }))
+            .chain(lost.iter().map(|m| (m.clone(), crate::recovery::Answer::Lost)))
+            .chain(missing.iter().map(|(m, _)| (m.clone(), crate::recovery::Answer::Missing)))
+            .collect();
+        let (source, end, mut holding, copy_to) = match crate::recovery::plan(members.len(), w, &answers) {
+            crate::recovery::Plan::Wait { needed, counted } => {
+                let why: Vec<String> = missing.iter().map(|(m, e)| format!("{m}: {e}")).collect();
+                return Err(StoreError::NotEnoughReplicas(format!(
+                    "partition {topic}/{partition} is waiting for its open segment at offset {base} held by agent(s) {}: \
+                     recovering it needs {needed} of them to answer, {counted} did: {}; it becomes writable when enough of them are back",
+                    members.join(", "),
+                    why.join("; ")
+                )));
+            }
+            crate::recovery::Plan::SealEmpty => {
+                error!(
+                    base_offset = base,
+                    "no replica of the open segment is left (their disks were replaced); sealing it empty: what it held is lost"
+                );
+                let empty = SealedSummary {
+                    base_offset: base,
+                    record_count: 0,
+                    size_bytes: 0,
+                    min_timestamp_ms: None,
+                    max_timestamp_ms: None,
+                    replicas: None,
+                };
+                self.metadata.write(self.seal_command(&empty)).await?;
+                return Ok(());
+            }
+            crate::recovery::Plan::Seal { source, end, holding, copy_to } => (source, end, holding, copy_to),
         };
-        let end = best.end_offset;
-        let mut holding: Vec<String> =
-            held.iter().filter(|(_, h)| h.end_offset == end).map(|(m, _)| m.clone()).collect();
-        for (m, h) in held.iter().filter(|(_, h)| h.end_offset < end) {
-            match self.copy_tail(&target, &source, m, h.end_offset, end).await {
-                Ok(()) => holding.push(m.clone()),
+        let best = held.iter().find(|(m, _)| *m == source).map(|(_, h)| h.clone()).unwrap_or_default();
+        for (m, from) in copy_to {
+            match self.copy_tail(&target, &source, &m, from, end).await {
+                Ok(()) => holding.push(m),
                 Err(e) => warn!(replica = %m, error = %e, "copying the recovered tail to a replica failed"),
             }
         }
         let holders = holding.len();
-        if holders < w.min(held.len()) && end > base {
+        if !crate::recovery::enough_holders(w, held.len(), holders, base, end) {
             return Err(StoreError::NotEnoughReplicas(format!(
                 "partition {topic}/{partition}: the recovered tail of segment {base} is on {holders} replica(s), \
                  min.insync.replicas is {w}; retrying"

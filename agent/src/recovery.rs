@@ -1,6 +1,103 @@
-//! Decisions of an open segment's recovery, without I/O: given what the members answered,
-//! who holds the segment once it is sealed. The recovery itself (fences, tail copies, the seal
-//! in metadata) is `PartitionWriter::recover`.
+//! Decisions of an open segment's recovery, without I/O: how many members must answer, what
+//! to do with their answers (wait, seal empty, or seal at the longest tail after copying it to
+//! the members that hold less), and who holds the segment once it is sealed. The recovery
+//! itself (fences, tail copies, the seal in metadata) is `PartitionWriter::recover`.
+//!
+//! Every acknowledged batch is on W members (W = `min.insync.replicas`), so any R - W + 1
+//! members that answer include one that holds it: the longest tail among them ends at or after
+//! every acknowledged offset. A member whose data directory was replaced since the segment
+//! opened (its instance changed) holds nothing of it and does not count.
+
+/// How a member of the open segment answered the recovering writer's fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// It holds the segment up to `end` (exclusive; the segment's base if it holds nothing).
+    Holds {
+        /// One past the last offset it holds.
+        end: u64,
+    },
+    /// Its data directory is not the one the segment was opened on: what it held is gone.
+    Lost,
+    /// It did not answer (down, paused, cut off, an error).
+    Missing,
+}
+
+/// What a recovery does with the answers it has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Fewer than [`answers_needed`] members hold the segment, and some did not answer yet:
+    /// the writer does not start until enough are back (sealing now could drop acknowledged
+    /// batches).
+    Wait {
+        /// Members that must answer.
+        needed: usize,
+        /// Members that answered and still hold their copy.
+        counted: usize,
+    },
+    /// No member that answered holds a copy (every disk that held one was replaced): the
+    /// segment is sealed empty.
+    SealEmpty,
+    /// Seal at `end`, the longest tail among the answers, held by `source`: first copy the
+    /// tail `[from, end)` to each member of `copy_to`, which hold less.
+    Seal {
+        /// A member holding the longest tail.
+        source: String,
+        /// One past the last offset of the sealed segment.
+        end: u64,
+        /// The members that hold `end` already.
+        holding: Vec<String>,
+        /// Members to copy the tail to, each with where its copy ends.
+        copy_to: Vec<(String, u64)>,
+    },
+}
+
+/// Answers a recovery of a segment on `members` replicas, written with quorum `write_quorum`,
+/// waits for: R - W + 1 (W clamped to 1..=R).
+pub(crate) fn answers_needed(members: usize, write_quorum: usize) -> usize {
+    let w = write_quorum.clamp(1, members.max(1));
+    members + 1 - w
+}
+
+/// The plan for `answers` (one per member that answered or is known not to): wait while fewer
+/// than [`answers_needed`] hold a copy and a member is missing; otherwise seal at the longest
+/// tail. Members are taken in the order given; the first with the longest tail is the source.
+pub(crate) fn plan(members: usize, write_quorum: usize, answers: &[(String, Answer)]) -> Plan {
+    let needed = answers_needed(members, write_quorum);
+    let held: Vec<(&String, u64)> = answers
+        .iter()
+        .filter_map(|(m, a)| match a {
+            Answer::Holds { end } => Some((m, *end)),
+            Answer::Lost | Answer::Missing => None,
+        })
+        .collect();
+    let missing = answers.iter().any(|(_, a)| *a == Answer::Missing) || answers.len() < members;
+    if held.len() < needed && missing {
+        return Plan::Wait { needed, counted: held.len() };
+    }
+    let Some(end) = held.iter().map(|(_, end)| *end).max() else {
+        return Plan::SealEmpty;
+    };
+    let source = held.iter().find(|(_, e)| *e == end).map(|(m, _)| (*m).clone()).unwrap_or_default();
+    Plan::Seal {
+        source,
+        end,
+        holding: held.iter().filter(|(_, e)| *e == end).map(|(m, _)| (*m).clone()).collect(),
+        copy_to: held.iter().filter(|(_, e)| *e < end).map(|(m, e)| ((*m).clone(), *e)).collect(),
+    }
+}
+
+/// Whether a seal at `end` of the segment at `base` may go ahead with `holders` members holding
+/// the whole tail after the copies, of `answered` that held a copy: a tail that is not empty must
+/// be on W of them (fewer if fewer answered: then all of them), or the recovery is tried again.
+pub(crate) fn enough_holders(
+    write_quorum: usize,
+    answered: usize,
+    holders: usize,
+    base: u64,
+    end: u64,
+) -> bool {
+    end == base || holders >= write_quorum.min(answered)
+}
 
 /// The members of `ensemble` that hold the whole sealed range `[base, end)` after a recovery:
 /// those that answered with `end` already, and those the longest tail was copied to. `None`
@@ -19,6 +116,118 @@ mod tests {
 
     fn names(s: &[&str]) -> Vec<String> {
         s.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_recovery_waits_for_r_minus_w_plus_one_answers() {
+        for (r, w, needed) in [(1, 1, 1), (2, 1, 2), (2, 2, 1), (3, 2, 2), (3, 3, 1), (5, 3, 3), (5, 1, 5)] {
+            assert_eq!(answers_needed(r, w), needed, "R={r} W={w}");
+        }
+        assert_eq!(answers_needed(3, 0), 3, "W is at least 1");
+        assert_eq!(answers_needed(3, 7), 1, "W is at most R");
+        assert_eq!(answers_needed(0, 1), 0, "no members: nothing to wait for");
+    }
+
+    /// Every ensemble of 1 to 5 members, every W, every member holding 0, 1 or 2 offsets of the
+    /// segment and answering, missing or with its disk replaced: the plan never drops an offset
+    /// that W members held (the acknowledged ones) unless the disks of all of them that could
+    /// say so were replaced, waits only while too few copies answered and a member may still,
+    /// and copies the longest tail to exactly the members that answered with less.
+    #[test]
+    fn the_plan_keeps_every_acknowledged_offset_for_every_ensemble_quorum_and_answer() {
+        let mut cases = 0u64;
+        for r in 1..=5usize {
+            let members: Vec<String> = (0..r).map(|i| format!("m{i}")).collect();
+            // Per member: its true end (0..3) and how it answers (0 holds, 1 missing, 2 lost).
+            for code in 0..9usize.pow(r as u32) {
+                let digits: Vec<(u64, usize)> = (0..r)
+                    .map(|i| (code / 9usize.pow(i as u32)) % 9)
+                    .map(|d| ((d % 3) as u64, d / 3))
+                    .collect();
+                let answers: Vec<(String, Answer)> = members
+                    .iter()
+                    .zip(&digits)
+                    .map(|(m, (end, how))| {
+                        let a = match how {
+                            0 => Answer::Holds { end: *end },
+                            1 => Answer::Missing,
+                            _ => Answer::Lost,
+                        };
+                        (m.clone(), a)
+                    })
+                    .collect();
+                for w in 1..=r {
+                    cases += 1;
+                    let ends: Vec<u64> = digits.iter().map(|(e, _)| *e).collect();
+                    // The acknowledged end: the offsets W members held.
+                    let acked = (0..=2u64)
+                        .rev()
+                        .find(|a| ends.iter().filter(|e| **e >= *a).count() >= w)
+                        .unwrap_or(0);
+                    let held: Vec<(usize, u64)> = digits
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (_, how))| *how == 0)
+                        .map(|(i, (e, _))| (i, *e))
+                        .collect();
+                    let any_missing = digits.iter().any(|(_, how)| *how == 1);
+                    let needed = answers_needed(r, w);
+                    let case = format!("R={r} W={w} {digits:?}");
+                    match plan(r, w, &answers) {
+                        Plan::Wait { needed: n, counted } => {
+                            assert_eq!((n, counted), (needed, held.len()), "{case}");
+                            assert!(held.len() < needed && any_missing, "{case}: waits needlessly");
+                        }
+                        Plan::SealEmpty => {
+                            assert!(held.is_empty() && !any_missing, "{case}: sealed empty");
+                        }
+                        Plan::Seal { source, end, holding, copy_to } => {
+                            assert!(!held.is_empty(), "{case}");
+                            let best = held.iter().map(|(_, e)| *e).max().unwrap_or(0);
+                            assert_eq!(end, best, "{case}: the longest tail that answered");
+                            if held.len() >= needed {
+                                assert!(end >= acked, "{case}: sealed at {end}, {acked} acknowledged");
+                            } else {
+                                assert!(!any_missing, "{case}: sealed while a member may still answer");
+                            }
+                            let holders: Vec<String> = held
+                                .iter()
+                                .filter(|(_, e)| *e == end)
+                                .map(|(i, _)| members[*i].clone())
+                                .collect();
+                            assert_eq!(holding, holders, "{case}");
+                            assert_eq!(Some(&source), holders.first(), "{case}");
+                            let shorter: Vec<(String, u64)> = held
+                                .iter()
+                                .filter(|(_, e)| *e < end)
+                                .map(|(i, e)| (members[*i].clone(), *e))
+                                .collect();
+                            assert_eq!(copy_to, shorter, "{case}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, (1..=5u64).map(|r| 9u64.pow(r as u32) * r).sum::<u64>());
+    }
+
+    #[test]
+    fn a_recovered_tail_is_sealed_only_on_w_holders_or_all_that_answered() {
+        // (W, members that answered with a copy, holders after the copies, base, end, seal?)
+        for (w, answered, holders, base, end, seal) in [
+            (2, 3, 2, 0, 10, true),
+            (2, 3, 1, 0, 10, false),
+            (2, 1, 1, 0, 10, true),
+            (3, 2, 2, 5, 9, true),
+            (3, 3, 2, 5, 9, false),
+            (2, 3, 0, 7, 7, true),
+        ] {
+            assert_eq!(
+                enough_holders(w, answered, holders, base, end),
+                seal,
+                "W={w} {answered} {holders} {base}..{end}"
+            );
+        }
     }
 
     #[test]

@@ -477,6 +477,18 @@ impl Segment {
         Ok(())
     }
 
+    /// Makes what opening the segment found in its file durable: a process that crashed may
+    /// have left bytes in the page cache only. After an error nothing tells which bytes are on
+    /// the disk, so the directory is distrusted ([`crate::disk::distrust`]).
+    pub fn sync_opened(&mut self) -> Result<(), StoreError> {
+        crate::disk::sync_data(&self.file, &self.path).map_err(|e| {
+            let dir = self.path.parent().unwrap_or(&self.path);
+            error!(path = %self.path.display(), error = %e, "the fsync of a segment just opened failed: this agent opens no log in its directory again until it restarts");
+            crate::disk::distrust(dir);
+            StoreError::FsyncFailed { path: self.path.clone(), source: e }
+        })
+    }
+
     /// Makes every appended byte durable. After an error the segment holds only what the
     /// last successful fsync covered ([`Segment::discard_unsynced`]).
     fn sync(&mut self) -> Result<(), StoreError> {

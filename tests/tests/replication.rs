@@ -672,11 +672,18 @@ async fn a_writer_whose_disk_fails_an_fsync_hands_its_partition_over_and_loses_n
     let producers = Producers::start(2, "orders", Arc::clone(&cluster.urls));
     let s = cluster.writers_moved_from("orders", &writer, &[0]).await;
     assert!(s.topics["orders"].partitions[0].epoch > epoch, "the new writer has a higher epoch");
-    let log = cluster.agents[w].log();
+    // It says why (the hand-off is logged once metadata applied it, which the state may show
+    // first).
     for said in
         ["an fsync failed and the segment cannot be cut back", "an fsync of its local log failed here"]
     {
-        assert!(log.contains(said), "the agent whose disk failed says \"{said}\"; log:\n{log}");
+        let agent = &cluster.agents[w];
+        wait_for(
+            &format!("the agent whose disk failed to say \"{said}\""),
+            Duration::from_secs(10),
+            || async { agent.log().contains(said).then_some(()) },
+        )
+        .await;
     }
     let handed_over = Instant::now();
     producers.acked_after(0, handed_over, &cluster).await;

@@ -875,6 +875,63 @@ async fn deleting_a_topic_deletes_its_objects_and_a_new_topic_of_that_name_archi
     assert!(page.messages.iter().all(|m| m.value.as_deref().is_some_and(|v| v.starts_with("new-"))));
 }
 
+/// A bucket that refuses the mark saying a topic is deleted: the topic is deleted in metadata,
+/// and its objects stay whole in the bucket (a rebuild would bring it back whole, never in part);
+/// a new topic of that name archives beside them under its own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_topic_whose_mark_the_bucket_refuses_keeps_its_objects() {
+    let dev = SiltDev::start_with(DevOptions {
+        env: vec![("SILT_TEST_OBJECT_STORE_FAULTS".into(), "fail_puts_to=deleted.json".into())],
+        ..DevOptions::default()
+    });
+    let client = dev.client();
+    let config = topic_config(&[("segment.bytes", "8192"), ("segment.ms", "200"), ("retention.ms", "-1")]);
+    let objects = dev.data_dir().join("objects").join("topic=kept").join("partition=0");
+    let parquet_files = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|f| f.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".parquet"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let mut ids = Vec::new();
+    for label in ["old", "new"] {
+        client.create_topic("kept", 1, &config).await.expect("create");
+        ids.push(client.describe_topic("kept").await.expect("describe")["id"].as_u64().expect("id"));
+        let messages: Vec<OutMessage> = (0..40)
+            .map(|i| OutMessage { value: Some(format!("{label}-{i:0500}")), ..Default::default() })
+            .collect();
+        client.produce("kept", &messages).await.expect("produce");
+        wait_for("the topic to be archived", Duration::from_secs(60), || async {
+            let objects = client.archive_list("kept").await.ok()?;
+            (objects.iter().filter_map(|o| o["records"].as_u64()).sum::<u64>() == 40).then_some(())
+        })
+        .await;
+        if label == "old" {
+            let before = parquet_files(&objects);
+            assert!(!before.is_empty());
+            client.delete_topic("kept").await.expect("delete");
+            assert!(client.describe_topic("kept").await.is_err(), "deleted in metadata");
+            assert_eq!(parquet_files(&objects), before, "its objects are kept whole");
+            assert!(dev
+                .log()
+                .contains("marking the topic deleted in the bucket failed; its objects are kept"));
+        }
+    }
+    let names = parquet_files(&objects);
+    for id in &ids {
+        assert!(names.iter().any(|n| n.ends_with(&format!("-t{id}.parquet"))), "t{id} in {names:?}");
+    }
+    let page = client.replay("kept", 0, Some(0), None, 100).await.expect("replay");
+    assert_eq!(page.messages.len(), 40);
+    assert!(page.messages.iter().all(|m| m.value.as_deref().is_some_and(|v| v.starts_with("new-"))));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_while_archiving_loses_nothing_and_archives_nothing_twice() {
     let mut dev = SiltDev::start();

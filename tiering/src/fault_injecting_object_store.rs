@@ -5,8 +5,9 @@
 //! inner store, as retryable `Generic` errors), a PUT whose reply was lost (the inner store
 //! applies the PUT, then the caller gets a retryable error), or a slow GET (a delay, then the
 //! real answer). Faults can also be queued for the next call with
-//! [`FaultInjectingObjectStore::inject_next`]. For a given seed and sequence of calls the
-//! faults are the same.
+//! [`FaultInjectingObjectStore::inject_next`], and every PUT to keys that contain a given text
+//! can be made to fail (`fail_puts_to`: a bucket that refuses one kind of object). For a given
+//! seed and sequence of calls the faults are the same.
 //!
 //! A process can turn it on from an environment variable with [`FaultConfig::from_env_str`],
 //! for example `error_rate=0.2,seed=7,slow_get_ms=50,kinds=slowdown|timeout|lost_put`.
@@ -101,19 +102,27 @@ pub struct FaultConfig {
     pub kinds: Vec<FaultKind>,
     /// Delay of a slow GET.
     pub slow_get_ms: u64,
+    /// Every PUT to a key containing this fails with a `500`, whatever `error_rate` says.
+    pub fail_puts_to: Option<String>,
 }
 
 impl Default for FaultConfig {
     /// No faults (until `error_rate` is raised or faults are queued); every kind enabled.
     fn default() -> Self {
-        FaultConfig { error_rate: 0.0, seed: 0, kinds: FaultKind::ALL.to_vec(), slow_get_ms: 100 }
+        FaultConfig {
+            error_rate: 0.0,
+            seed: 0,
+            kinds: FaultKind::ALL.to_vec(),
+            slow_get_ms: 100,
+            fail_puts_to: None,
+        }
     }
 }
 
 impl FaultConfig {
     /// Parses `key=value` pairs separated by commas: `error_rate` (0..=1), `seed`,
-    /// `slow_get_ms` and `kinds` (names separated by `|` or `+`: `slowdown`, `internal`,
-    /// `timeout`, `lost_put`, `slow_get`). Unset keys keep their defaults, except that without
+    /// `slow_get_ms`, `kinds` (names separated by `|` or `+`: `slowdown`, `internal`,
+    /// `timeout`, `lost_put`, `slow_get`) and `fail_puts_to` (a text in keys). Unset keys keep their defaults, except that without
     /// `kinds` slow GETs are only injected when `slow_get_ms` is given. Unknown keys are an
     /// error.
     pub fn from_env_str(s: &str) -> Result<FaultConfig, TieringError> {
@@ -156,9 +165,11 @@ impl FaultConfig {
                         })
                         .collect::<Result<_, _>>()?;
                 }
+                "fail_puts_to" if !value.is_empty() => config.fail_puts_to = Some(value.to_string()),
+                "fail_puts_to" => return Err(bad("fail_puts_to is empty (it would fail every PUT)".into())),
                 other => {
                     return Err(bad(format!(
-                        "unknown key '{other}' (use error_rate, seed, slow_get_ms, kinds)"
+                        "unknown key '{other}' (use error_rate, seed, slow_get_ms, kinds, fail_puts_to)"
                     )))
                 }
             }
@@ -274,6 +285,10 @@ impl<T: ObjectStore + ?Sized> ObjectStore for FaultInjectingObjectStore<T> {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        if self.config.fail_puts_to.as_deref().is_some_and(|t| location.as_ref().contains(t)) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(FaultKind::InternalError.error());
+        }
         match self.pick(Op::Put) {
             Some(FaultKind::LostPutReply) => {
                 // Applied, but the caller never hears; an error from the store itself is real.
@@ -374,7 +389,17 @@ mod tests {
         assert_eq!(c.kinds, vec![FaultKind::SlowDown, FaultKind::LostPutReply]);
         let c = FaultConfig::from_env_str("error_rate=0.5").unwrap();
         assert!(!c.kinds.contains(&FaultKind::SlowGet), "slow GETs only when asked for");
-        for bad in ["error_rate=2", "error_rate=x", "seed=-1", "kinds=fire", "colour=blue", "error_rate"] {
+        let c = FaultConfig::from_env_str("fail_puts_to=deleted.json").unwrap();
+        assert_eq!((c.error_rate, c.fail_puts_to.as_deref()), (0.0, Some("deleted.json")));
+        for bad in [
+            "error_rate=2",
+            "error_rate=x",
+            "seed=-1",
+            "kinds=fire",
+            "colour=blue",
+            "error_rate",
+            "fail_puts_to=",
+        ] {
             assert!(FaultConfig::from_env_str(bad).is_err(), "{bad}");
         }
     }
@@ -407,6 +432,18 @@ mod tests {
         assert_ne!(a, run(8).await);
         let failures = a.iter().filter(|ok| !**ok).count();
         assert!((10..=50).contains(&failures), "about 30% of 100 calls fail: {failures}");
+    }
+
+    #[tokio::test]
+    async fn puts_to_the_keys_named_fail_and_others_do_not() {
+        let store = FaultInjectingObjectStore::new(
+            Arc::new(InMemory::new()),
+            FaultConfig { fail_puts_to: Some("deleted".into()), ..FaultConfig::default() },
+        );
+        assert!(store.put(&Path::from("t/1/deleted.json"), "x".into()).await.is_err());
+        assert!(store.put(&Path::from("t/1/v0.json"), "x".into()).await.is_ok());
+        assert!(store.inner().head(&Path::from("t/1/deleted.json")).await.is_err(), "nothing was written");
+        assert_eq!(store.injected(), 1);
     }
 
     #[tokio::test]
