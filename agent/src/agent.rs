@@ -21,10 +21,14 @@ use tracing::{debug, error, info, warn};
 
 use crate::error::{ApiError, StoreError};
 use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
+use crate::limits::{
+    check_max_bytes, ReadLimit, ACK_IDS_MAX, POLL_MAX, POLL_TIMEOUT_MAX, PRODUCE_MESSAGES_MAX,
+    READ_BYTES_DEFAULT, READ_BYTES_MAX, REPLICA_READ_BYTES_MAX, SESSION_TIMEOUT_MAX,
+};
 use crate::metrics::{ForwardLabels, LagLabels, Metrics, RepairLabels, ReplicaLabels};
 use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
-use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord, REPLICA_READ_BYTES_MAX};
+use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord};
 use crate::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
 use crate::replication::FollowerLag;
 use crate::segment::ReadMode;
@@ -34,27 +38,8 @@ use object_store::ObjectStore;
 use silt_tiering::cold_reader::ColdReader;
 use silt_tiering::locate::{locate, Location};
 
-/// Most messages one poll may return.
-pub const POLL_MAX: u32 = 10_000;
-/// Longest a poll may wait.
-pub const POLL_TIMEOUT_MAX: Duration = Duration::from_secs(60);
-/// Most messages in one produce request.
-pub const PRODUCE_MESSAGES_MAX: usize = 100_000;
-/// Most ids in one ack request.
-pub const ACK_IDS_MAX: usize = 100_000;
-/// Longest a group member may stay silent before it loses its partitions.
-pub const SESSION_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Bytes read from a partition per step of a poll or replay.
 const READ_BYTES_STEP: usize = 1024 * 1024;
-/// Bytes of keys, values and headers one poll or replay page returns unless it asks otherwise.
-pub const READ_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
-/// Most bytes of keys, values and headers one poll or replay page may ask for.
-pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-/// [`READ_BYTES_DEFAULT`], for serde's `default =` of every request that takes `max_bytes`.
-pub(crate) fn read_bytes_default() -> usize {
-    READ_BYTES_DEFAULT
-}
 /// Most records one read of another agent's replica asks for.
 const REPLAY_STEP: u64 = 10_000;
 /// How often dirty ack state is checkpointed to metadata.
@@ -436,57 +421,6 @@ fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
     Ok(id)
 }
 
-/// How much one read (a replay page, or one partition's part of a poll) may return.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadLimit {
-    /// Most records.
-    pub records: usize,
-    /// Most bytes of keys, values and headers.
-    pub bytes: usize,
-    /// The first record is returned whatever its size, so that a message larger than `bytes`
-    /// is delivered alone rather than never. Off for the later partitions of a poll that has
-    /// messages already.
-    pub at_least_one: bool,
-}
-
-impl ReadLimit {
-    /// At most `records` records and `bytes` bytes, and always the first record.
-    pub fn new(records: usize, bytes: usize) -> Self {
-        Self { records, bytes, at_least_one: true }
-    }
-
-    /// Whether a read that holds `taken` records of `used` bytes has room for `record`.
-    fn admits(&self, taken: usize, used: usize, record: &Record) -> bool {
-        taken < self.records
-            && ((taken == 0 && self.at_least_one) || used.saturating_add(record.data_len()) <= self.bytes)
-    }
-
-    /// Whether nothing more may be read.
-    fn is_spent(&self) -> bool {
-        self.records == 0 || (self.bytes == 0 && !self.at_least_one)
-    }
-
-    /// What is left of this limit once `taken` records of `used` bytes are read.
-    fn rest(&self, taken: usize, used: usize) -> Self {
-        Self {
-            records: self.records.saturating_sub(taken),
-            bytes: self.bytes.saturating_sub(used),
-            at_least_one: self.at_least_one && taken == 0,
-        }
-    }
-}
-
-/// Refuses a `max_bytes` outside 1..=[`READ_BYTES_MAX`].
-pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
-    if max_bytes == 0 || max_bytes > READ_BYTES_MAX {
-        return Err(ApiError::bad_request(
-            "invalid_max_bytes",
-            format!("max_bytes must be between 1 and {READ_BYTES_MAX}, got {max_bytes}"),
-        ));
-    }
-    Ok(())
-}
-
 /// Where a read stands: the records it holds, their bytes, and where it continues.
 struct Page {
     records: Vec<Record>,
@@ -664,6 +598,11 @@ impl Agent {
         let archive_store = archive.map(|a| (a.store, a.prefix));
         let peers = Peers::with_source_ip(&config.agent_id, config.peer_source_ip);
         let instance = instance_id(&config.data_dir)?;
+        // Before any log is opened: bytes a killed process of this agent left in the page cache
+        // only must not count as held.
+        if let Err(e) = crate::disk::sync_at_start(&config.data_dir) {
+            error!(error = %e, dir = %config.data_dir.display(), "syncing the data directory at start failed: this agent opens no log there until it restarts, and hands its partitions to other agents");
+        }
         let agent = Agent {
             inner: Arc::new(Inner {
                 peers,

@@ -16,20 +16,15 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::{GroupMode, Topic};
 use silt_record::{Header, MessageId, Record};
 
-use crate::agent::{
-    check_max_bytes, read_bytes_default, Agent, Delivered, PollRequest, ProduceMessage, ReadLimit,
-    READ_BYTES_MAX,
-};
+use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
 use crate::error::ApiError;
+use crate::limits::{
+    check_max_bytes, read_bytes_default, ReadLimit, READ_BYTES_MAX, REPLAY_MAX, REQUEST_BYTES_MAX,
+};
 use crate::peer::{
     CollectRequest, RecordPage, ReplicaTarget, WireRecord, FORWARDED_HEADER, HIGH_WATERMARK_HEADER,
     NEXT_OFFSET_HEADER, RECORD_BATCHES_TYPE,
 };
-
-/// Largest request body the API reads.
-pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
-/// Most records one replay request returns.
-pub const REPLAY_MAX: usize = 10_000;
 
 /// Builds the router for an agent.
 pub fn router(agent: Agent) -> Router {

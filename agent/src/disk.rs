@@ -63,6 +63,19 @@ const fn libc_eio() -> i32 {
     5
 }
 
+/// Makes everything written under `data_dir` durable before an agent reads it: a process of
+/// the agent that was killed may have left bytes in the page cache only, which a log opened
+/// now would count as held. One `syncfs(2)` of the filesystem, however many logs there are.
+/// If it fails, nothing tells which bytes are on the disk: `data_dir` is distrusted.
+pub fn sync_at_start(data_dir: &Path) -> io::Result<()> {
+    let synced = File::open(data_dir)
+        .and_then(|dir| fsync_with(data_dir, || rustix::fs::syncfs(&dir).map_err(io::Error::from)));
+    if synced.is_err() {
+        distrust(data_dir);
+    }
+    synced
+}
+
 /// Marks `dir` (a partition's directory) as holding data that may not be on its disk: no log
 /// is opened there again by this process.
 pub fn distrust(dir: &Path) {
@@ -183,6 +196,20 @@ mod tests {
         let path = dir.path().join("x.log");
         let file = File::create(&path).unwrap();
         assert!(sync_data(&file, &path).is_ok(), "a spec that does not parse injects none of its faults");
+    }
+
+    #[test]
+    fn what_an_agent_finds_at_start_is_made_durable_or_distrusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("agent");
+        std::fs::create_dir_all(data.join("log").join("t~1").join("0")).unwrap();
+        let fault = inject_fsync_errors(&data.to_string_lossy(), 1, 1);
+        sync_at_start(&data).unwrap();
+        assert_eq!(fault.synced(), 1, "synced");
+        assert!(!is_distrusted(&data.join("log")));
+        let e = sync_at_start(&data).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc_eio()), "{e}");
+        assert!(is_distrusted(&data.join("log").join("t~1").join("0")), "every log under it");
     }
 
     #[test]

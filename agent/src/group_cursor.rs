@@ -9,8 +9,7 @@
 
 use std::collections::BTreeMap;
 
-/// Most messages of one partition that may be in flight for one group.
-pub const IN_FLIGHT_MAX: usize = 10_000;
+use crate::limits::IN_FLIGHT_MAX;
 
 /// One delivered, unacknowledged message.
 #[derive(Debug, Clone, PartialEq, Eq)]

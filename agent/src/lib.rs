@@ -15,6 +15,7 @@ pub mod api;
 pub mod disk;
 pub mod error;
 pub mod group_cursor;
+pub mod limits;
 pub mod metrics;
 pub mod partition_log;
 pub mod partition_writer;

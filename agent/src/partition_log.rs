@@ -111,12 +111,6 @@ impl PartitionLog {
         if segments.is_empty() {
             segments.push(Segment::create(dir, 0)?);
         }
-        // The active segment may hold bytes that a process which crashed wrote and never
-        // fsynced: the page cache shows them, and from now on they count as held, so they are
-        // made durable first.
-        if let Some(active) = segments.last_mut() {
-            active.sync_opened()?;
-        }
         let log_start = segments[0].base_offset();
         let end = segments.last().map_or(0, |s| s.next_offset());
         let reader = Arc::new(PartitionReader {
@@ -734,26 +728,6 @@ mod tests {
         let later = append(&mut log, &[records(50, 2, 100, |n| n as i64)]);
         assert_eq!(fault.synced(), synced + 1);
         assert_records(&read_all(&log.reader(), 0, 1 << 20), &[kept, later].concat(), 0);
-    }
-
-    /// Opening a log fsyncs its active segment, whose bytes a crashed process may have left in
-    /// the page cache only; if that fsync fails, nothing tells which of them are on the disk,
-    /// and the directory is distrusted.
-    #[test]
-    fn opening_a_log_makes_its_active_segment_durable_or_distrusts_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
-        append(&mut log, &[records(0, 5, 100, |n| n as i64)]);
-        drop(log);
-        let segment_file = dir.path().join(crate::segment::log_file_name(0));
-        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 1, 1);
-        let (log, _) = PartitionLog::open(dir.path()).unwrap();
-        assert_eq!((fault.synced(), log.next_offset()), (1, 5), "fsynced as it opened");
-        drop(log);
-        let e = PartitionLog::open(dir.path()).unwrap_err();
-        assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
-        let e = PartitionLog::open(dir.path()).unwrap_err();
-        assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");
     }
 
     #[test]

@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::error::StoreError;
+use crate::limits::{GROUP_APPENDS_MAX, GROUP_BYTES_MAX, QUEUED_BYTES_MAX, REPLICA_READ_BYTES_MAX};
 use crate::metrics::Metrics;
 use crate::partition_log::{PartitionLog, PartitionReader};
-use crate::peer::{Peers, ReplicaTarget, REPLICA_READ_BYTES_MAX};
+use crate::peer::{Peers, ReplicaTarget};
 use crate::replica::{join_batches, read_fence, split_batches, trim_to_metadata, write_fence, HeldSegment};
 use crate::replication::{Ensemble, FollowerLag};
 
@@ -31,17 +32,11 @@ use crate::replication::{Ensemble, FollowerLag};
 /// copied); one still silent is not, and repair copies the segment to another agent.
 const RECOVERY_LATE_ANSWERS_WAIT: Duration = Duration::from_millis(500);
 
-/// Most bytes of appends waiting for one partition's writer; producers wait beyond that.
-pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Most bytes written between two fsyncs.
-pub const GROUP_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// How long a failed writer refuses writes before it ends and the agent starts a new one.
 const FAILED_WRITER_RESTART_AFTER: Duration = Duration::from_secs(5);
 /// How long a seal waits for followers that are behind before it leaves them out of the
 /// segment's replicas.
 const SETTLE_AT_SEAL: Duration = Duration::from_secs(2);
-/// Most appends answered by one fsync.
-pub const GROUP_APPENDS_MAX: usize = 1024;
 
 /// What a writer needs to know about its partition.
 #[derive(Debug, Clone)]
@@ -417,7 +412,9 @@ impl PartitionWriter {
             }
             crate::recovery::Plan::Seal { source, end, holding, copy_to } => (source, end, holding, copy_to),
         };
-        let best = held.iter().find(|(m, _)| *m == source).map(|(_, h)| h.clone()).unwrap_or_default();
+        let Some(best) = held.iter().find(|(m, _)| *m == source).map(|(_, h)| h.clone()) else {
+            return Err(StoreError::Failed(format!("recovery chose '{source}', which did not answer")));
+        };
         for (m, from) in copy_to {
             match self.copy_tail(&target, &source, &m, from, end).await {
                 Ok(()) => holding.push(m),

@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::GroupMode;
 use silt_record::{encode_records, split_batches, Header, Record};
 
-use crate::agent::{Delivered, ReadLimit, READ_BYTES_MAX};
+use crate::agent::Delivered;
 use crate::error::ApiError;
+use crate::limits::{ReadLimit, READ_BYTES_MAX};
 
 /// Set on a request one agent forwards to another.
 pub const FORWARDED_HEADER: &str = "x-silt-forwarded-by";
@@ -31,8 +32,6 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest copying one sealed segment to a new replica may take.
 pub const REPAIR_TIMEOUT: Duration = Duration::from_secs(120);
-/// Most bytes one read of a replica's batches returns (recovery copies tails in such steps).
-pub const REPLICA_READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// The media type of RecordBatch v2 bytes laid end to end (produce and read bodies).
 pub const RECORD_BATCHES_TYPE: &str = "application/vnd.kafka.record-batch.v2";
 /// On a read answered with record batches: where the next read starts.
@@ -190,7 +189,7 @@ pub struct CollectRequest {
     /// Most messages.
     pub max: u32,
     /// Most bytes of keys, values and headers.
-    #[serde(default = "crate::agent::read_bytes_default")]
+    #[serde(default = "crate::limits::read_bytes_default")]
     pub max_bytes: usize,
     /// Whether the first message is delivered whatever its size (the poll has none yet).
     #[serde(default = "default_true")]

@@ -25,11 +25,10 @@ use silt_record::{
 use tracing::{debug, error, warn};
 
 use crate::error::StoreError;
+use crate::limits::{BATCH_BYTES_MAX, GROUP_BYTES_MAX, REPLICA_READ_BYTES_MAX};
 
 /// An index entry is added at most every this many bytes of log.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
-/// Largest batch the store frames; anything claiming to be larger is corruption.
-pub const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
 /// Most zero-filled space kept ahead of an open segment's data (see [`Segment::sync_appends`]).
 pub const PREALLOCATE_BYTES_MAX: u64 = 256 * 1024;
 /// Least zero-filled space worth writing ahead of a small segment's data.
@@ -309,8 +308,7 @@ impl Segment {
         const SECTOR: u64 = 512;
         // A writer's group holds batches while it has fewer than GROUP_BYTES_MAX bytes; a
         // recovery copies a tail in reads of at most REPLICA_READ_BYTES_MAX.
-        let before_last =
-            crate::partition_writer::GROUP_BYTES_MAX.max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
+        let before_last = GROUP_BYTES_MAX.max(REPLICA_READ_BYTES_MAX) as u64;
         if self.last_batch_start(to, len)? - from >= before_last {
             return Ok(false);
         }
@@ -475,18 +473,6 @@ impl Segment {
         self.size_bytes += batch.len_bytes() as u64;
         self.note_batch(position, batch);
         Ok(())
-    }
-
-    /// Makes what opening the segment found in its file durable: a process that crashed may
-    /// have left bytes in the page cache only. After an error nothing tells which bytes are on
-    /// the disk, so the directory is distrusted ([`crate::disk::distrust`]).
-    pub fn sync_opened(&mut self) -> Result<(), StoreError> {
-        crate::disk::sync_data(&self.file, &self.path).map_err(|e| {
-            let dir = self.path.parent().unwrap_or(&self.path);
-            error!(path = %self.path.display(), error = %e, "the fsync of a segment just opened failed: this agent opens no log in its directory again until it restarts");
-            crate::disk::distrust(dir);
-            StoreError::FsyncFailed { path: self.path.clone(), source: e }
-        })
     }
 
     /// Makes every appended byte durable. After an error the segment holds only what the
@@ -1375,8 +1361,7 @@ mod tests {
         .unwrap()
         .with_offsets(0, 1);
         segment.append(&zeros).unwrap();
-        let group_max =
-            crate::partition_writer::GROUP_BYTES_MAX.max(crate::peer::REPLICA_READ_BYTES_MAX) as u64;
+        let group_max = GROUP_BYTES_MAX.max(REPLICA_READ_BYTES_MAX) as u64;
         while segment.size_bytes() <= group_max + 4 * 1024 * 1024 {
             segment.append(&batch(segment.next_offset(), 1, 4 * 1024 * 1024)).unwrap();
         }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::routing::get;
-use silt_agent::agent::{ReadLimit, READ_BYTES_DEFAULT};
+use silt_agent::limits::{ReadLimit, READ_BYTES_DEFAULT};
 use silt_agent::peer::Peers;
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};

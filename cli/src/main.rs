@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use silt::client::{Client, HeaderOut, OutMessage, Poll};
-use silt_agent::api::{message_out, REPLAY_MAX};
+use silt_agent::api::message_out;
+use silt_agent::limits::REPLAY_MAX;
 use tokio::io::AsyncBufReadExt;
 
 #[derive(Parser)]

@@ -5,9 +5,9 @@
 //! inner store, as retryable `Generic` errors), a PUT whose reply was lost (the inner store
 //! applies the PUT, then the caller gets a retryable error), or a slow GET (a delay, then the
 //! real answer). Faults can also be queued for the next call with
-//! [`FaultInjectingObjectStore::inject_next`], and every PUT to keys that contain a given text
-//! can be made to fail (`fail_puts_to`: a bucket that refuses one kind of object). For a given
-//! seed and sequence of calls the faults are the same.
+//! [`FaultInjectingObjectStore::inject_next`], and single-request PUTs to keys that contain a
+//! given text can be refused (`fail_puts_to`: a bucket whose policy denies one kind of object).
+//! For a given seed and sequence of calls the faults are the same.
 //!
 //! A process can turn it on from an environment variable with [`FaultConfig::from_env_str`],
 //! for example `error_rate=0.2,seed=7,slow_get_ms=50,kinds=slowdown|timeout|lost_put`.
@@ -102,7 +102,8 @@ pub struct FaultConfig {
     pub kinds: Vec<FaultKind>,
     /// Delay of a slow GET.
     pub slow_get_ms: u64,
-    /// Every PUT to a key containing this fails with a `500`, whatever `error_rate` says.
+    /// Every single-request PUT to a key containing this is refused (`403`, not retried),
+    /// whatever `error_rate` says.
     pub fail_puts_to: Option<String>,
 }
 
@@ -287,7 +288,10 @@ impl<T: ObjectStore + ?Sized> ObjectStore for FaultInjectingObjectStore<T> {
     ) -> object_store::Result<PutResult> {
         if self.config.fail_puts_to.as_deref().is_some_and(|t| location.as_ref().contains(t)) {
             self.injected.fetch_add(1, Ordering::Relaxed);
-            return Err(FaultKind::InternalError.error());
+            return Err(object_store::Error::PermissionDenied {
+                path: location.to_string(),
+                source: "403 AccessDenied: the bucket refuses this key (injected)".into(),
+            });
         }
         match self.pick(Op::Put) {
             Some(FaultKind::LostPutReply) => {
