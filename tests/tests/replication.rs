@@ -212,13 +212,17 @@ impl Cluster {
                 let agent = &self.agents[self.index_of(holder)];
                 // A holder decides what is committed from its own copy of metadata (refreshed
                 // every 200 ms): a follower whose copy has not applied the seal yet takes the
-                // segment for open, while its replica was told only of the next segment's
-                // commits, and answers 503 until its copy catches up. One that lacks the data
-                // never serves it.
+                // segment for open, and serves it only up to the end its writer last said was
+                // committed (or answers 503 if that was of the next segment) until its copy
+                // catches up. One that lacks the data never serves it whole.
                 let page = wait_for(
-                    &format!("{holder} to serve segment {base} of logs/0"),
+                    &format!("{holder} to serve segment {base} of logs/0 whole"),
                     Duration::from_secs(10),
-                    || silt_tests::held_records_if_any(agent.url(), "logs", 0, *base, 10_000),
+                    || async {
+                        let page =
+                            silt_tests::held_records_if_any(agent.url(), "logs", 0, *base, 10_000).await?;
+                        page.records.last().is_some_and(|r| r.offset >= last).then_some(page)
+                    },
                 )
                 .await;
                 let offsets: Vec<u64> = page.records.iter().map(|r| r.offset).collect();
