@@ -19,8 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::error::{ApiError, StoreError};
-use crate::group_cursor::{AckOutcome, Expired, GroupCursor};
+use crate::error::{ApiError, ErrorCode, StoreError};
+use crate::group_cursor::{AckOutcome, Delivered, Expired, GroupCursor};
 use crate::limits::{
     check_max_bytes, ReadLimit, ACK_IDS_MAX, POLL_MAX, POLL_TIMEOUT_MAX, PRODUCE_MESSAGES_MAX,
     READ_BYTES_DEFAULT, READ_BYTES_MAX, REPLICA_READ_BYTES_MAX, SESSION_TIMEOUT_MAX,
@@ -206,17 +206,6 @@ pub struct ProduceMessage {
     pub headers: Vec<Header>,
     /// Timestamp; the agent's clock when absent.
     pub timestamp_ms: Option<i64>,
-}
-
-/// A message handed to a consumer.
-#[derive(Debug, Clone)]
-pub struct Delivered {
-    /// Partition.
-    pub partition: u32,
-    /// The record.
-    pub record: Record,
-    /// How many times it has been delivered to this group, this one included.
-    pub delivery: u32,
 }
 
 /// A poll request.
@@ -869,7 +858,7 @@ impl Agent {
             failures.retain(|k, f| wanted.contains_key(k) && f.started.is_none_or(|t| t.elapsed() < lease));
             failures
                 .iter()
-                .map(|(k, f)| (k, f, f.error.code == "disk_failed"))
+                .map(|(k, f)| (k, f, f.error.code == ErrorCode::DiskFailed))
                 // A writer that runs after one failure is given its lease; one that keeps
                 // failing (it starts, then loses its quorum at once) is not.
                 .filter(|(_, f, disk)| {
@@ -1155,7 +1144,7 @@ impl Agent {
             Ok(Ok(h)) => return Ok(h),
             Ok(Err(_)) => {}
             // A topic this agent's copy does not know yet (created through another agent).
-            Err(e) if e.code == "unknown_topic" => {
+            Err(e) if e.code == ErrorCode::UnknownTopic => {
                 self.topic_info(topic).await?;
             }
             Err(e) => return Err(e),
@@ -1281,13 +1270,13 @@ impl Agent {
     async fn target(&self, topic: &str, partition: u32, forwarded: bool) -> Result<Target, ApiError> {
         match self.partition(topic, partition).await {
             Ok(handle) => Ok(Target::Local(handle)),
-            Err(e) if e.code == "not_writer" && forwarded => {
+            Err(e) if e.code == ErrorCode::NotWriter && forwarded => {
                 // The sender's metadata says this agent writes the partition; this agent's copy
                 // may lag behind it. Catch up once, then answer for certain.
                 self.inner.metadata.read(|_| ()).await?;
                 self.partition(topic, partition).await.map(Target::Local)
             }
-            Err(e) if e.code == "not_writer" => {
+            Err(e) if e.code == ErrorCode::NotWriter => {
                 let remote = self.inner.metadata.read_local(|s| {
                     let writer = s.topics.get(topic)?.partitions.get(partition as usize)?.writer.clone()?;
                     let addr = s.agents.get(&writer)?.addr.clone();
@@ -1315,7 +1304,7 @@ impl Agent {
         let addr = self.inner.metadata.read_local(|s| s.agents.get(writer).map(|a| a.addr.clone()));
         ApiError::new(
             axum::http::StatusCode::MISDIRECTED_REQUEST,
-            "not_writer",
+            ErrorCode::NotWriter,
             format!(
                 "partition {topic}/{partition} is written by agent '{writer}' at {}; send it there",
                 addr.as_deref().unwrap_or("an unknown address")
@@ -1351,7 +1340,8 @@ impl Agent {
         partitions: u32,
         config: BTreeMap<String, String>,
     ) -> Result<Topic, ApiError> {
-        validate_topic_name(name).map_err(|e| ApiError::bad_request("invalid_topic_name", e.to_string()))?;
+        validate_topic_name(name)
+            .map_err(|e| ApiError::bad_request(ErrorCode::InvalidTopicName, e.to_string()))?;
         let mut config = config;
         config
             .entry("replication.factor".to_string())
@@ -1516,13 +1506,13 @@ impl Agent {
         let started = Instant::now();
         if messages.is_empty() {
             return Err(ApiError::bad_request(
-                "empty_request",
+                ErrorCode::EmptyRequest,
                 "a produce request needs at least one message",
             ));
         }
         if messages.len() > PRODUCE_MESSAGES_MAX {
             return Err(ApiError::bad_request(
-                "too_many_messages",
+                ErrorCode::TooManyMessages,
                 format!(
                     "a produce request may carry at most {PRODUCE_MESSAGES_MAX} messages, got {}",
                     messages.len()
@@ -1557,7 +1547,7 @@ impl Agent {
             if alone > max_bytes {
                 return Err(ApiError::new(
                     axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    "message_too_large",
+                    ErrorCode::MessageTooLarge,
                     format!(
                         "message {i} is {alone} bytes as a record batch, over the topic's max.message.bytes of {max_bytes}"
                     ),
@@ -1580,8 +1570,9 @@ impl Agent {
             // they get offsets in order, and none follows one that failed.
             let in_order = Arc::new(tokio::sync::Mutex::new(false));
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
-                let bytes =
-                    builder.build().map_err(|e| ApiError::bad_request("invalid_message", e.to_string()))?;
+                let bytes = builder
+                    .build()
+                    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidMessage, e.to_string()))?;
                 let batch = RecordBatch::parse(bytes).map_err(|e| ApiError::internal(e.to_string()))?;
                 let (target, in_order) = (Arc::clone(&target), Arc::clone(&in_order));
                 let (peers, this) = (&self.inner.peers, self);
@@ -1647,7 +1638,7 @@ impl Agent {
         if body.len() as u64 > t.config.max_message_bytes {
             return Err(ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                "message_too_large",
+                ErrorCode::MessageTooLarge,
                 format!(
                     "record batch of {} bytes is over the topic's max.message.bytes of {}",
                     body.len(),
@@ -1656,7 +1647,7 @@ impl Agent {
             ));
         }
         let batch = RecordBatch::parse(body)
-            .map_err(|e| ApiError::bad_request("invalid_record_batch", e.to_string()))?;
+            .map_err(|e| ApiError::bad_request(ErrorCode::InvalidRecordBatch, e.to_string()))?;
         let (count, len) = (batch.record_count(), batch.len_bytes());
         let range = match self.target(topic, partition, forwarded).await? {
             Target::Local(handle) => handle.append(batch).await?,
@@ -1836,7 +1827,9 @@ impl Agent {
                 }
                 // The local copy of these offsets was dropped (archived) while this read ran:
                 // read them from where they are now.
-                Err(e) if e.code == "offset_out_of_range" && !reader.holds(page.next) && attempts < 3 => {
+                Err(e)
+                    if e.code == ErrorCode::OffsetOutOfRange && !reader.holds(page.next) && attempts < 3 =>
+                {
                     attempts += 1;
                 }
                 Err(e) => return Err(e),
@@ -2153,7 +2146,7 @@ impl Agent {
             .and_then(|s| s.last_offset)
             .ok_or_else(|| {
                 ApiError::bad_request(
-                    "invalid_argument",
+                    ErrorCode::InvalidArgument,
                     format!("{topic}/{partition} has no sealed segment at offset {} to copy", target.segment),
                 )
             })?;
@@ -2262,7 +2255,7 @@ impl Agent {
             batches.iter().find(|b| i64::from(b.partition_leader_epoch()) != target.segment_epoch as i64)
         {
             return Err(ApiError::bad_request(
-                "invalid_record_batch",
+                ErrorCode::InvalidRecordBatch,
                 format!(
                     "batch at offset {} carries epoch {}, not the segment's {}",
                     b.base_offset(),
@@ -2431,7 +2424,7 @@ impl Agent {
                 Err(e) => {
                     warn!(topic = %r.topic, partition = r.partition, segment = r.segment, with = %r.with,
                     error = %e.message, "ensemble repair failed; will retry, with another agent if there is one");
-                    let wait = if e.code == "replica_diverged" {
+                    let wait = if e.code == ErrorCode::ReplicaDiverged {
                         REPAIR_RETRY_AFTER_DIVERGED
                     } else {
                         REPAIR_RETRY_AFTER
@@ -2830,20 +2823,20 @@ impl Agent {
     pub async fn poll(&self, req: PollRequest) -> Result<Vec<Delivered>, ApiError> {
         if req.max == 0 || req.max > POLL_MAX {
             return Err(ApiError::bad_request(
-                "invalid_max",
+                ErrorCode::InvalidMax,
                 format!("max must be between 1 and {POLL_MAX}, got {}", req.max),
             ));
         }
         check_max_bytes(req.max_bytes)?;
         if req.timeout > POLL_TIMEOUT_MAX {
             return Err(ApiError::bad_request(
-                "invalid_timeout",
+                ErrorCode::InvalidTimeout,
                 format!("timeout may be at most {}s", POLL_TIMEOUT_MAX.as_secs()),
             ));
         }
         if req.session_timeout < Duration::from_secs(1) || req.session_timeout > SESSION_TIMEOUT_MAX {
             return Err(ApiError::bad_request(
-                "invalid_session_timeout",
+                ErrorCode::InvalidSessionTimeout,
                 format!("session timeout must be between 1s and {}s", SESSION_TIMEOUT_MAX.as_secs()),
             ));
         }
@@ -2942,13 +2935,13 @@ impl Agent {
     ) -> Result<Vec<WireRecord>, ApiError> {
         if ask.max == 0 || ask.max > POLL_MAX {
             return Err(ApiError::bad_request(
-                "invalid_max",
+                ErrorCode::InvalidMax,
                 format!("max must be between 1 and {POLL_MAX}"),
             ));
         }
         if ask.max_bytes > READ_BYTES_MAX {
             return Err(ApiError::bad_request(
-                "invalid_max_bytes",
+                ErrorCode::InvalidMaxBytes,
                 format!("max_bytes may be at most {READ_BYTES_MAX}"),
             ));
         }
@@ -3162,7 +3155,7 @@ impl Agent {
             if self.topic_local(&dlq).is_err() {
                 match self.create_topic(&dlq, topic.partitions, BTreeMap::new()).await {
                     Ok(_) => {}
-                    Err(e) if e.code == "topic_exists" => {}
+                    Err(e) if e.code == ErrorCode::TopicExists => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -3214,7 +3207,7 @@ impl Agent {
     ) -> Result<usize, ApiError> {
         if ids.is_empty() || ids.len() > ACK_IDS_MAX {
             return Err(ApiError::bad_request(
-                "invalid_ack",
+                ErrorCode::InvalidAck,
                 format!("an ack request needs between 1 and {ACK_IDS_MAX} ids"),
             ));
         }
@@ -3222,7 +3215,7 @@ impl Agent {
         let mut by_partition: BTreeMap<(String, u32), Vec<(u64, &String)>> = BTreeMap::new();
         for id in ids {
             let parsed: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
-                ApiError::bad_request("invalid_id", e.to_string())
+                ApiError::bad_request(ErrorCode::InvalidId, e.to_string())
             })?;
             by_partition.entry((parsed.topic, parsed.partition)).or_default().push((parsed.offset, id));
         }
@@ -3278,7 +3271,7 @@ impl Agent {
                     if !acked_before {
                         let id = MessageId { topic: topic.clone(), partition: *partition, offset: *offset };
                         return Err(ApiError::bad_request(
-                            "not_delivered",
+                            ErrorCode::NotDelivered,
                             format!("message {id} was never delivered to group '{group}'; only delivered messages can be acknowledged"),
                         ));
                     }

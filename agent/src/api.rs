@@ -16,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::{GroupMode, Topic};
 use silt_record::{Header, MessageId, Record};
 
-use crate::agent::{Agent, Delivered, PollRequest, ProduceMessage};
-use crate::error::ApiError;
+use crate::agent::{Agent, PollRequest, ProduceMessage};
+use crate::error::{ApiError, ErrorCode};
+use crate::group_cursor::Delivered;
 use crate::limits::{
     check_max_bytes, read_bytes_default, ReadLimit, READ_BYTES_MAX, REPLAY_MAX, REQUEST_BYTES_MAX,
 };
@@ -61,15 +62,15 @@ fn forwarded(headers: &axum::http::HeaderMap) -> bool {
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    body.map(|Json(v)| v).map_err(|e| ApiError::bad_request("invalid_json", e.body_text()))
+    body.map(|Json(v)| v).map_err(|e| ApiError::bad_request(ErrorCode::InvalidJson, e.body_text()))
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))
+    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request(ErrorCode::InvalidQuery, e.body_text()))
 }
 
 async fn not_found() -> ApiError {
-    ApiError::not_found("not_found", "no such endpoint; see docs/api.md for the API")
+    ApiError::not_found(ErrorCode::NotFound, "no such endpoint; see docs/api.md for the API")
 }
 
 async fn health() -> Json<serde_json::Value> {
@@ -219,13 +220,13 @@ struct MessageJson {
 fn text_or_b64(i: usize, what: &str, text: Option<String>, b64: Option<String>) -> ApiResult<Option<Bytes>> {
     match (text, b64) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
-            "invalid_message",
+            ErrorCode::InvalidMessage,
             format!("message {i}: give {what} or {what}_b64, not both"),
         )),
         (Some(t), None) => Ok(Some(Bytes::from(t))),
         (None, Some(b)) => B64.decode(b.as_bytes()).map(|v| Some(Bytes::from(v))).map_err(|e| {
             ApiError::bad_request(
-                "invalid_message",
+                ErrorCode::InvalidMessage,
                 format!("message {i}: {what}_b64 is not valid base64: {e}"),
             )
         }),
@@ -385,14 +386,17 @@ async fn replay_page(
     let p = query(params)?;
     if p.max == 0 || p.max > REPLAY_MAX {
         return Err(ApiError::bad_request(
-            "invalid_max",
+            ErrorCode::InvalidMax,
             format!("max must be between 1 and {REPLAY_MAX}, got {}", p.max),
         ));
     }
     check_max_bytes(p.max_bytes)?;
     let from = match (p.from_offset, p.from_time) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request("invalid_query", "give from_offset or from_time, not both"));
+            return Err(ApiError::bad_request(
+                ErrorCode::InvalidQuery,
+                "give from_offset or from_time, not both",
+            ));
         }
         (Some(o), None) => o,
         (None, Some(t)) => agent.offset_for_time(topic, partition, t, forwarded).await?,
@@ -497,7 +501,7 @@ impl ReplicaQuery {
 }
 
 fn required<T>(value: Option<T>, name: &str) -> ApiResult<T> {
-    value.ok_or_else(|| ApiError::bad_request("invalid_query", format!("the query needs '{name}'")))
+    value.ok_or_else(|| ApiError::bad_request(ErrorCode::InvalidQuery, format!("the query needs '{name}'")))
 }
 
 /// A writer streams batches to a follower's replica.

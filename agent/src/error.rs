@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use silt_metadata::MetadataError;
 
 /// Errors of the local segment store.
@@ -111,38 +111,197 @@ impl StoreError {
     }
 }
 
+/// The stable, machine-readable code of an [`ApiError`], written as snake_case on the wire
+/// (`unknown_topic`, `message_too_large`, ...): clients branch on it, and an error another
+/// agent answered keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Stored data failed its checks; it is not served.
+    CorruptData,
+    /// An fsync of the partition's log failed on this agent (see [`crate::disk`]).
+    DiskFailed,
+    /// The request holds nothing to do.
+    EmptyRequest,
+    /// A newer writer of the partition took over.
+    Fenced,
+    /// The group exists with another mode.
+    GroupModeMismatch,
+    /// A fault of the agent, not of the request.
+    Internal,
+    /// An ack names a message that cannot be acknowledged.
+    InvalidAck,
+    /// An argument is out of its bounds.
+    InvalidArgument,
+    /// A topic config is unknown or out of its bounds.
+    InvalidConfig,
+    /// A message id does not parse.
+    InvalidId,
+    /// The body is not the JSON expected.
+    InvalidJson,
+    /// A `max` is out of its bounds.
+    InvalidMax,
+    /// A `max_bytes` is out of its bounds.
+    InvalidMaxBytes,
+    /// A message is malformed.
+    InvalidMessage,
+    /// The query string does not parse.
+    InvalidQuery,
+    /// A record batch does not parse or fails its checks.
+    InvalidRecordBatch,
+    /// A session timeout is out of its bounds.
+    InvalidSessionTimeout,
+    /// A timeout is out of its bounds.
+    InvalidTimeout,
+    /// A topic name is not allowed.
+    InvalidTopicName,
+    /// A message is larger than the topic allows.
+    MessageTooLarge,
+    /// The message is not in flight to this group.
+    NotDelivered,
+    /// No such route or object.
+    NotFound,
+    /// Another agent writes the partition.
+    NotWriter,
+    /// The offset is not held here.
+    OffsetOutOfRange,
+    /// A replica holds other records than the writer sends.
+    ReplicaDiverged,
+    /// The local store failed.
+    StorageError,
+    /// More messages than one request may carry.
+    TooManyMessages,
+    /// A topic of that name exists.
+    TopicExists,
+    /// Try again later.
+    Unavailable,
+    /// No such group.
+    UnknownGroup,
+    /// No such partition.
+    UnknownPartition,
+    /// No such topic.
+    UnknownTopic,
+}
+
+impl ErrorCode {
+    /// Every code.
+    pub const ALL: [ErrorCode; 32] = [
+        ErrorCode::CorruptData,
+        ErrorCode::DiskFailed,
+        ErrorCode::EmptyRequest,
+        ErrorCode::Fenced,
+        ErrorCode::GroupModeMismatch,
+        ErrorCode::Internal,
+        ErrorCode::InvalidAck,
+        ErrorCode::InvalidArgument,
+        ErrorCode::InvalidConfig,
+        ErrorCode::InvalidId,
+        ErrorCode::InvalidJson,
+        ErrorCode::InvalidMax,
+        ErrorCode::InvalidMaxBytes,
+        ErrorCode::InvalidMessage,
+        ErrorCode::InvalidQuery,
+        ErrorCode::InvalidRecordBatch,
+        ErrorCode::InvalidSessionTimeout,
+        ErrorCode::InvalidTimeout,
+        ErrorCode::InvalidTopicName,
+        ErrorCode::MessageTooLarge,
+        ErrorCode::NotDelivered,
+        ErrorCode::NotFound,
+        ErrorCode::NotWriter,
+        ErrorCode::OffsetOutOfRange,
+        ErrorCode::ReplicaDiverged,
+        ErrorCode::StorageError,
+        ErrorCode::TooManyMessages,
+        ErrorCode::TopicExists,
+        ErrorCode::Unavailable,
+        ErrorCode::UnknownGroup,
+        ErrorCode::UnknownPartition,
+        ErrorCode::UnknownTopic,
+    ];
+
+    /// The code as written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::CorruptData => "corrupt_data",
+            ErrorCode::DiskFailed => "disk_failed",
+            ErrorCode::EmptyRequest => "empty_request",
+            ErrorCode::Fenced => "fenced",
+            ErrorCode::GroupModeMismatch => "group_mode_mismatch",
+            ErrorCode::Internal => "internal",
+            ErrorCode::InvalidAck => "invalid_ack",
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::InvalidConfig => "invalid_config",
+            ErrorCode::InvalidId => "invalid_id",
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidMax => "invalid_max",
+            ErrorCode::InvalidMaxBytes => "invalid_max_bytes",
+            ErrorCode::InvalidMessage => "invalid_message",
+            ErrorCode::InvalidQuery => "invalid_query",
+            ErrorCode::InvalidRecordBatch => "invalid_record_batch",
+            ErrorCode::InvalidSessionTimeout => "invalid_session_timeout",
+            ErrorCode::InvalidTimeout => "invalid_timeout",
+            ErrorCode::InvalidTopicName => "invalid_topic_name",
+            ErrorCode::MessageTooLarge => "message_too_large",
+            ErrorCode::NotDelivered => "not_delivered",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::NotWriter => "not_writer",
+            ErrorCode::OffsetOutOfRange => "offset_out_of_range",
+            ErrorCode::ReplicaDiverged => "replica_diverged",
+            ErrorCode::StorageError => "storage_error",
+            ErrorCode::TooManyMessages => "too_many_messages",
+            ErrorCode::TopicExists => "topic_exists",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::UnknownGroup => "unknown_group",
+            ErrorCode::UnknownPartition => "unknown_partition",
+            ErrorCode::UnknownTopic => "unknown_topic",
+        }
+    }
+
+    /// The code written `code` on the wire, if this agent knows it.
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        serde_json::from_value(serde_json::Value::String(code.to_string())).ok()
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The error a client sees: an HTTP status, a stable code and a sentence to act on.
 #[derive(Debug, Clone, Serialize, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ApiError {
     #[serde(skip)]
     status: u16,
-    /// Stable, machine-readable code (`unknown_topic`, `message_too_large`, ...).
-    pub code: &'static str,
+    /// Stable, machine-readable code.
+    pub code: ErrorCode,
     /// What went wrong and what to do.
     pub message: String,
 }
 
 impl ApiError {
     /// An error with an explicit status.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError { status: status.as_u16(), code, message: message.into() }
     }
     /// 400 with a code.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
     /// 404 with a code.
-    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn not_found(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, code, message)
     }
     /// 503: try again later.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message)
     }
     /// 500: a fault of this agent's, not of the request.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, message)
     }
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
@@ -154,15 +313,15 @@ impl From<MetadataError> for ApiError {
     fn from(e: MetadataError) -> Self {
         let msg = e.to_string();
         match e {
-            MetadataError::UnknownTopic(_) => ApiError::not_found("unknown_topic", msg),
-            MetadataError::UnknownPartition { .. } => ApiError::not_found("unknown_partition", msg),
-            MetadataError::UnknownGroup(_) => ApiError::not_found("unknown_group", msg),
-            MetadataError::TopicExists(_) => ApiError::new(StatusCode::CONFLICT, "topic_exists", msg),
+            MetadataError::UnknownTopic(_) => ApiError::not_found(ErrorCode::UnknownTopic, msg),
+            MetadataError::UnknownPartition { .. } => ApiError::not_found(ErrorCode::UnknownPartition, msg),
+            MetadataError::UnknownGroup(_) => ApiError::not_found(ErrorCode::UnknownGroup, msg),
+            MetadataError::TopicExists(_) => ApiError::new(StatusCode::CONFLICT, ErrorCode::TopicExists, msg),
             MetadataError::GroupModeMismatch { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "group_mode_mismatch", msg)
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::GroupModeMismatch, msg)
             }
-            MetadataError::InvalidConfig(_) => ApiError::bad_request("invalid_config", msg),
-            MetadataError::InvalidArgument(_) => ApiError::bad_request("invalid_argument", msg),
+            MetadataError::InvalidConfig(_) => ApiError::bad_request(ErrorCode::InvalidConfig, msg),
+            MetadataError::InvalidArgument(_) => ApiError::bad_request(ErrorCode::InvalidArgument, msg),
             MetadataError::Fenced { .. } => {
                 ApiError::unavailable(format!("{msg}; the partition changed writer, retry"))
             }
@@ -178,18 +337,26 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Metadata(m) => m.into(),
             StoreError::CorruptRead { .. } => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", e.to_string())
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::CorruptData, e.to_string())
             }
             StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) | StoreError::NotCached => {
                 ApiError::unavailable(e.to_string())
             }
-            StoreError::Fenced { .. } => ApiError::new(StatusCode::CONFLICT, "fenced", e.to_string()),
-            StoreError::Diverged(_) => ApiError::new(StatusCode::CONFLICT, "replica_diverged", e.to_string()),
-            StoreError::OutOfRange { .. } => ApiError::bad_request("offset_out_of_range", e.to_string()),
-            StoreError::DiskDistrusted { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "disk_failed", e.to_string())
+            StoreError::Fenced { .. } => {
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::Fenced, e.to_string())
             }
-            other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", other.to_string()),
+            StoreError::Diverged(_) => {
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::ReplicaDiverged, e.to_string())
+            }
+            StoreError::OutOfRange { .. } => {
+                ApiError::bad_request(ErrorCode::OffsetOutOfRange, e.to_string())
+            }
+            StoreError::DiskDistrusted { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DiskFailed, e.to_string())
+            }
+            other => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::StorageError, other.to_string())
+            }
         }
     }
 }
@@ -202,5 +369,23 @@ struct ErrorBody<'a> {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status(), axum::Json(ErrorBody { error: &self })).into_response()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_is_written_as_its_name_and_read_back() {
+        for code in ErrorCode::ALL {
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+            let body = serde_json::to_value(ApiError::unavailable("m")).unwrap();
+            assert_eq!(body["code"], "unavailable");
+        }
+        assert_eq!(ErrorCode::parse("from_a_newer_agent"), None);
     }
 }

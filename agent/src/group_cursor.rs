@@ -9,7 +9,20 @@
 
 use std::collections::BTreeMap;
 
+use silt_record::Record;
+
 use crate::limits::IN_FLIGHT_MAX;
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// Partition.
+    pub partition: u32,
+    /// The record.
+    pub record: Record,
+    /// How many times it has been delivered to this group, this one included.
+    pub delivery: u32,
+}
 
 /// One delivered, unacknowledged message.
 #[derive(Debug, Clone, PartialEq, Eq)]

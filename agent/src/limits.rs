@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use silt_record::Record;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// Largest request body the API reads.
 pub const REQUEST_BYTES_MAX: usize = 80 * 1024 * 1024;
@@ -87,7 +87,7 @@ impl ReadLimit {
 pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
     if max_bytes == 0 || max_bytes > READ_BYTES_MAX {
         return Err(ApiError::bad_request(
-            "invalid_max_bytes",
+            ErrorCode::InvalidMaxBytes,
             format!("max_bytes must be between 1 and {READ_BYTES_MAX}, got {max_bytes}"),
         ));
     }

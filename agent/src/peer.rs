@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use silt_metadata::state::GroupMode;
 use silt_record::{encode_records, split_batches, Header, Record};
 
-use crate::agent::Delivered;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
+use crate::group_cursor::Delivered;
 use crate::limits::{ReadLimit, READ_BYTES_MAX};
 
 /// Set on a request one agent forwards to another.
@@ -211,40 +211,6 @@ struct ErrorDetail {
     message: String,
 }
 
-/// Codes an agent answers with, so that a forwarded error keeps its code.
-const CODES: &[&str] = &[
-    "corrupt_data",
-    "empty_request",
-    "fenced",
-    "group_mode_mismatch",
-    "internal",
-    "invalid_ack",
-    "invalid_argument",
-    "invalid_config",
-    "invalid_id",
-    "invalid_json",
-    "invalid_max",
-    "invalid_message",
-    "invalid_query",
-    "invalid_record_batch",
-    "invalid_session_timeout",
-    "invalid_timeout",
-    "invalid_topic_name",
-    "message_too_large",
-    "not_delivered",
-    "not_found",
-    "not_writer",
-    "offset_out_of_range",
-    "replica_diverged",
-    "storage_error",
-    "too_many_messages",
-    "topic_exists",
-    "unavailable",
-    "unknown_group",
-    "unknown_partition",
-    "unknown_topic",
-];
-
 /// How long an agent that did not answer (no connection, a timeout, a broken answer) counts
 /// as unreachable from this one, unless it answers something meanwhile.
 pub const UNREACHABLE_FOR: Duration = Duration::from_secs(10);
@@ -347,7 +313,8 @@ impl Peers {
         }
         match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(ErrorBody { error }) => {
-                let code = CODES.iter().find(|c| **c == error.code).copied().unwrap_or("unavailable");
+                // A code this agent does not know (from a newer one) is taken for "try again".
+                let code = ErrorCode::parse(&error.code).unwrap_or(ErrorCode::Unavailable);
                 Err(ApiError::new(status, code, error.message))
             }
             Err(_) => Err(ApiError::unavailable(format!(

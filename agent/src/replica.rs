@@ -454,7 +454,7 @@ mod tests {
         let e = Replica::open(dir.path(), 1, &part).unwrap_err();
         assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");
         let api = crate::error::ApiError::from(e);
-        assert_eq!((api.status().as_u16(), api.code), (503, "disk_failed"), "{api}");
+        assert_eq!((api.status().as_u16(), api.code), (503, crate::error::ErrorCode::DiskFailed), "{api}");
     }
 
     #[test]
