@@ -4,6 +4,12 @@
 
 use super::*;
 
+/// How long an agent that failed to take a copy of a segment is not asked for it again.
+const REPAIR_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// And when it answered that it holds other records where the copy goes (`replica_diverged`),
+/// which only changes once those are archived or the agent's disk is replaced.
+const REPAIR_RETRY_AFTER_DIVERGED: Duration = Duration::from_secs(600);
+
 impl Agent {
     /// Ensemble repair: of the sealed segments whose first intact replica is on this agent,
     /// finds one with a replica on an agent gone longer than `replica_repair_after` (or on a
