@@ -66,6 +66,8 @@ pub struct WriterConfig {
     pub write_quorum: usize,
     /// This agent's data-directory instance, recorded with each ensemble.
     pub instance: String,
+    /// The time of day segments are stamped with.
+    pub clock: Arc<dyn silt_metadata::clock::Clock>,
 }
 
 struct AppendRequest {
@@ -183,10 +185,6 @@ impl SealedSummary {
         }
         self
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Reconciles the recovered log with the metadata's segment chain under `epoch` (metadata
@@ -536,7 +534,7 @@ impl PartitionWriter {
             base_offset,
             ensemble,
             instances,
-            now_ms: now_ms(),
+            now_ms: self.config.clock.now_ms(),
         }
     }
 
@@ -670,7 +668,7 @@ impl PartitionWriter {
             min_timestamp_ms: s.min_timestamp_ms,
             max_timestamp_ms: s.max_timestamp_ms,
             replicas: s.replicas.clone(),
-            now_ms: now_ms(),
+            now_ms: self.config.clock.now_ms(),
         }
     }
 
@@ -1010,7 +1008,7 @@ impl PartitionWriter {
                 })
                 .unwrap_or_default()
         });
-        let now = now_ms();
+        let now = self.config.clock.now_ms();
         let log = self.log();
         let sealed = &log.segments()[..log.segments().len() - 1];
         // Local segments whose records metadata has deleted (retention) go first, whatever

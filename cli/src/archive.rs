@@ -14,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use serde::Serialize;
 use silt_agent::partition_log::segment_ranges_held;
+use silt_metadata::clock::{Clock, SystemClock};
 use silt_metadata::{Command, MetadataNode, TopicConfig};
 use silt_tiering::archive_format::{read_archive_meta, ArchiveMeta};
 use silt_tiering::object_layout::parse_object_key;
@@ -79,10 +80,6 @@ fn uncovered(base: u64, end: u64, covered: &[(u64, u64)]) -> Vec<(u64, u64)> {
         out.push((next, end));
     }
     out
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The local log directories of `silt dev`'s agents: `<data-dir>/agent/log` and
@@ -301,7 +298,7 @@ pub async fn rebuild_metadata(
                 partitions: *partitions,
                 config,
                 config_version: 0,
-                created_ms: now_ms(),
+                created_ms: SystemClock.now_ms(),
             })
             .await
             .with_context(|| format!("cannot restore topic '{name}'"))?;
@@ -321,7 +318,7 @@ pub async fn rebuild_metadata(
             max_timestamp_ms: Some(meta.max_timestamp_ms),
             object_key: key.clone(),
             object_bytes: object.size,
-            now_ms: now_ms(),
+            now_ms: SystemClock.now_ms(),
         };
         match metadata.write(cmd).await {
             Ok(_) => restored += 1,
@@ -341,7 +338,7 @@ pub async fn rebuild_metadata(
     // Local segment files are named by topic ids the old metadata handed out and hold
     // replicas the new metadata knows nothing of. Keep them for inspection, out of the way.
     let mut moved_local_data = Vec::new();
-    let stamp = now_ms();
+    let stamp = SystemClock.now_ms();
     for log in log_dirs {
         let aside = log.with_file_name(format!("log.before-rebuild-{stamp}"));
         std::fs::rename(&log, &aside).with_context(|| format!("cannot move {} aside", log.display()))?;

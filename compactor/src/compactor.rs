@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use silt_metadata::clock::{Clock, SystemClock};
 use silt_metadata::state::{Segment, SegmentState};
 use silt_metadata::{Command, Metadata};
 use silt_tiering::archive_format::{encode_archive, read_archive_meta, ArchiveMeta, ArchiveWriterOptions};
@@ -40,6 +41,8 @@ pub struct CompactorConfig {
     /// retention only on the partitions it writes (a compactor inside each agent of a
     /// cluster). `None`: every sealed segment and every partition.
     pub holder: Option<String>,
+    /// The time of day: commits are stamped, retention judged and lag measured by it.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for CompactorConfig {
@@ -52,6 +55,7 @@ impl Default for CompactorConfig {
             part_bytes: 64 * 1024 * 1024,
             writer: ArchiveWriterOptions::default(),
             holder: None,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -87,10 +91,6 @@ struct Candidate {
     partitions: u32,
     partition: u32,
     segment: Segment,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Memory permits are counted in KiB so that any segment size fits a `u32` permit count.
@@ -279,7 +279,7 @@ impl Compactor {
     }
 
     fn update_lag(&self, candidates: &[Candidate]) {
-        let now = now_ms();
+        let now = self.inner.config.clock.now_ms();
         let oldest = candidates.iter().filter_map(|c| c.segment.sealed_ms).min();
         let lag = oldest.map_or(0, |t| now.saturating_sub(t) / 1000);
         self.inner.metrics.archive_lag_seconds.set(lag as i64);
@@ -359,7 +359,7 @@ impl Compactor {
                 last_offset,
                 object_key: key.to_string(),
                 object_bytes,
-                now_ms: now_ms(),
+                now_ms: self.inner.config.clock.now_ms(),
             })
             .await;
         if let Err(e) = &committed {
@@ -437,7 +437,7 @@ impl Compactor {
     /// Deletes archived data older than `retention.ms`: metadata first, so no reader is ever sent
     /// to a missing object, then the objects.
     async fn enforce_retention(&self) -> Result<(), CompactorError> {
-        let now = now_ms();
+        let now = self.inner.config.clock.now_ms();
         let holder = self.inner.config.holder.as_deref();
         let expired: Vec<Expired> = self.inner.metadata.read_local(|s| {
             let mut out = Vec::new();

@@ -282,3 +282,41 @@ async fn a_topic_deleted_and_created_again_while_its_segment_is_archived_gets_no
     assert_eq!(key, Some(object_key(&Path::from("archive"), "t", new_id, 0, 0, 49).to_string()));
     assert_eq!(object_count(store.as_ref()).await, 1);
 }
+
+/// Retention is judged by the compactor's clock: an archived segment whose newest record is
+/// within `retention.ms` (7 days by default) of it stays, and goes, from metadata and from the
+/// bucket, once the clock passes that.
+#[tokio::test]
+async fn archived_data_goes_when_the_compactors_clock_passes_its_retention() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = sealed_segment(dir.path(), 100).await;
+    // The next segment is open: the newest segment of a partition is never deleted.
+    m.write(Command::OpenSegment {
+        topic: "t".into(),
+        topic_id: None,
+        partition: 0,
+        epoch: 1,
+        base_offset: 100,
+        ensemble: vec!["a".into()],
+        instances: Vec::new(),
+        now_ms: 3,
+    })
+    .await
+    .expect("open");
+    let week_ms = 7 * 24 * 3600 * 1000;
+    let newest_record_ms = 1_099;
+    let clock = Arc::new(silt_metadata::clock::ManualClock::at(newest_record_ms + week_ms - 3_600_000));
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let config = CompactorConfig { clock: clock.clone(), ..CompactorConfig::default() };
+    let c = compactor(&m, Arc::clone(&store), Source { records: records(100) }, config);
+    assert_eq!(c.run_once().await, 1);
+    assert_eq!(segment_state(&m).0, SegmentState::Archived, "within retention: kept");
+    assert_eq!(object_count(store.as_ref()).await, 1);
+
+    clock.advance_ms(2 * 3_600_000);
+    c.run_once().await;
+    let segments: Vec<u64> =
+        m.read(|s| s.topics["t"].partitions[0].segments.keys().copied().collect()).await.expect("read");
+    assert_eq!(segments, [100], "segment 0 is past retention: gone from metadata");
+    assert_eq!(object_count(store.as_ref()).await, 0, "and from the bucket");
+}

@@ -19,6 +19,7 @@
 
 pub mod agent_registry;
 mod atomic_file;
+pub mod clock;
 mod error;
 mod frame;
 pub mod http_api;

@@ -43,7 +43,7 @@ impl Agent {
             let every = if remote { REMOTE_POLL_INTERVAL } else { Duration::from_secs(1) };
             let mut wake = deadline.min(Instant::now() + every);
             if let Some(d) = self.earliest_deadline(&req, &partitions) {
-                let now = now_ms();
+                let now = self.now_ms();
                 wake = wake.min(Instant::now() + Duration::from_millis(d.saturating_sub(now)));
             }
             tokio::select! {
@@ -161,7 +161,7 @@ impl Agent {
                     member: req.member.clone(),
                     mode: req.mode,
                     session_timeout_ms: req.session_timeout.as_millis() as u64,
-                    now_ms: now_ms(),
+                    now_ms: self.now_ms(),
                 })
                 .await?;
             let mut heartbeats = lock(&self.inner.heartbeats);
@@ -244,7 +244,7 @@ impl Agent {
             let reader = Arc::clone(handle.reader());
             let key: CursorKey = (req.group.clone(), req.topic.clone(), p);
             // Phase 1: under the lock, decide redeliveries and dead letters.
-            let now = now_ms();
+            let now = self.now_ms();
             let (expired, next_offset) = {
                 let mut cursors = lock(&self.inner.cursors);
                 let earliest = self.earliest_offset(&req.topic, p, reader.log_start());
@@ -301,7 +301,7 @@ impl Agent {
             // Phase 3: deliver what nobody else took meanwhile.
             let mut cursors = lock(&self.inner.cursors);
             let Some(cursor) = cursors.get_mut(&key) else { continue };
-            let deadline = now_ms() + visibility_ms;
+            let deadline = self.now_ms() + visibility_ms;
             for record in records {
                 if out.len() >= max || !cursor.has_room() {
                     break;

@@ -91,6 +91,8 @@ pub struct AgentConfig {
     /// The local address connections to other agents leave from (hosts with several
     /// addresses); `None` lets the OS choose.
     pub peer_source_ip: Option<std::net::IpAddr>,
+    /// The time of day commands are stamped with.
+    pub clock: Arc<dyn silt_metadata::clock::Clock>,
 }
 
 impl AgentConfig {
@@ -104,6 +106,7 @@ impl AgentConfig {
             default_replication_factor: 1,
             replica_repair_after: DEFAULT_REPLICA_REPAIR_AFTER,
             peer_source_ip: None,
+            clock: Arc::new(silt_metadata::clock::SystemClock),
         }
     }
 }
@@ -346,10 +349,6 @@ pub struct Archive {
     pub prefix: Path,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Disk space `<data_dir>/log` and everything in it take as the filesystem allocated them
 /// (as `du` counts; the zeros an open segment keeps ahead of its data included), and the bytes free for this
 /// process and the size of the filesystem of `data_dir`. Files that go while the walk runs (a
@@ -509,7 +508,7 @@ impl Agent {
                 instance: self.inner.instance.clone(),
                 addr: config.advertise_addr.clone(),
                 lease_ms: config.lease.as_millis() as u64,
-                now_ms: now_ms(),
+                now_ms: self.now_ms(),
             })
             .await?;
         let Response::Registered { incarnation } = response else {
@@ -536,7 +535,7 @@ impl Agent {
             let cmd = Command::AgentHeartbeat {
                 agent: self.inner.config.agent_id.clone(),
                 incarnation: self.inner.incarnation.load(Ordering::SeqCst),
-                now_ms: now_ms(),
+                now_ms: self.now_ms(),
             };
             match self.inner.metadata.write_unobserved(cmd).await {
                 Ok(_) => {}
@@ -583,6 +582,11 @@ impl Agent {
                 () = tokio::time::sleep(DISK_USAGE_INTERVAL) => {}
             }
         }
+    }
+
+    /// The time of day, from the agent's clock.
+    fn now_ms(&self) -> u64 {
+        self.inner.config.clock.now_ms()
     }
 
     /// The metrics registry.
@@ -661,7 +665,7 @@ impl Agent {
         let leave = Command::DeregisterAgent {
             agent: self.inner.config.agent_id.clone(),
             incarnation: self.inner.incarnation.load(Ordering::SeqCst),
-            now_ms: now_ms(),
+            now_ms: self.now_ms(),
         };
         if let Err(e) = self.inner.metadata.write(leave).await {
             warn!(error = %e, "could not deregister from metadata; the lease will lapse instead");

@@ -45,7 +45,7 @@ impl Agent {
         let partitions = t.partitions;
         let max_bytes = t.config.max_message_bytes as usize;
         let spread = self.inner.spread.fetch_add(1, Ordering::Relaxed) % partitions;
-        let now = now_ms() as i64;
+        let now = self.now_ms() as i64;
         // Group messages per partition into batches no larger than max.message.bytes.
         let mut per_partition: BTreeMap<u32, Vec<(usize, BatchBuilder)>> = BTreeMap::new();
         let mut slots: Vec<(u32, usize, usize)> = Vec::with_capacity(messages.len());

@@ -42,7 +42,7 @@ impl Agent {
         let response = self
             .inner
             .metadata
-            .write(Command::CreateTopic { name: name.to_string(), partitions, config, now_ms: now_ms() })
+            .write(Command::CreateTopic { name: name.to_string(), partitions, config, now_ms: self.now_ms() })
             .await?;
         let Response::Topic { topic } = response else {
             return Err(ApiError::unavailable(format!("unexpected metadata reply: {response:?}")));

@@ -97,7 +97,7 @@ impl Agent {
             }
             *proposed = Some(Instant::now());
         }
-        if let Err(e) = self.inner.metadata.write(Command::RebalanceWriters { now_ms: now_ms() }).await {
+        if let Err(e) = self.inner.metadata.write(Command::RebalanceWriters { now_ms: self.now_ms() }).await {
             warn!(error = %e, "proposing to rebalance the partition writers failed; trying again after a lease");
         }
     }
@@ -153,7 +153,7 @@ impl Agent {
                 agent: me.clone(),
                 epoch,
                 avoid: unreachable.clone(),
-                now_ms: now_ms(),
+                now_ms: self.now_ms(),
             };
             match self.inner.metadata.write(cmd).await {
                 Ok(Response::Writer { agent, epoch }) => {
@@ -371,6 +371,7 @@ impl Agent {
             replication_factor: t.config.replication_factor as usize,
             write_quorum: t.config.write_quorum(),
             instance: self.inner.instance.clone(),
+            clock: Arc::clone(&self.inner.config.clock),
         };
         let cancel = self.inner.cancel.child_token();
         let reader = log.reader();
