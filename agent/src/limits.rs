@@ -1,9 +1,10 @@
-//! Every bound the agent puts on what it is asked and what it holds, in one place, and the
-//! rule of how much one read may return ([`ReadLimit`]).
+//! Every bound the agent puts on what it is asked and what it holds, in one place, with the
+//! rule of how much one read may return ([`ReadLimit`], from `silt-record`: the cold reader
+//! follows it too).
 
 use std::time::Duration;
 
-use silt_record::Record;
+pub use silt_record::ReadLimit;
 
 use crate::error::{ApiError, ErrorCode};
 
@@ -41,46 +42,6 @@ pub const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024 + 1024;
 /// [`READ_BYTES_DEFAULT`], for serde's `default =` of every request that takes `max_bytes`.
 pub(crate) fn read_bytes_default() -> usize {
     READ_BYTES_DEFAULT
-}
-
-/// How much one read (a replay page, or one partition's part of a poll) may return.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadLimit {
-    /// Most records.
-    pub records: usize,
-    /// Most bytes of keys, values and headers.
-    pub bytes: usize,
-    /// The first record is returned whatever its size, so that a message larger than `bytes`
-    /// is delivered alone rather than never. Off for the later partitions of a poll that has
-    /// messages already.
-    pub at_least_one: bool,
-}
-
-impl ReadLimit {
-    /// At most `records` records and `bytes` bytes, and always the first record.
-    pub fn new(records: usize, bytes: usize) -> Self {
-        Self { records, bytes, at_least_one: true }
-    }
-
-    /// Whether a read that holds `taken` records of `used` bytes has room for `record`.
-    pub(crate) fn admits(&self, taken: usize, used: usize, record: &Record) -> bool {
-        taken < self.records
-            && ((taken == 0 && self.at_least_one) || used.saturating_add(record.data_len()) <= self.bytes)
-    }
-
-    /// Whether nothing more may be read.
-    pub(crate) fn is_spent(&self) -> bool {
-        self.records == 0 || (self.bytes == 0 && !self.at_least_one)
-    }
-
-    /// What is left of this limit once `taken` records of `used` bytes are read.
-    pub(crate) fn rest(&self, taken: usize, used: usize) -> Self {
-        Self {
-            records: self.records.saturating_sub(taken),
-            bytes: self.bytes.saturating_sub(used),
-            at_least_one: self.at_least_one && taken == 0,
-        }
-    }
 }
 
 /// Refuses a `max_bytes` outside 1..=[`READ_BYTES_MAX`].

@@ -22,6 +22,7 @@ mod batch_builder;
 mod error;
 mod message_id;
 mod partitioner;
+mod read_limit;
 mod record;
 mod record_batch;
 mod topic_name;
@@ -31,6 +32,7 @@ pub use batch_builder::{encode_batch, encode_records, BatchBuilder};
 pub use error::RecordError;
 pub use message_id::{MessageId, MessageIdError};
 pub use partitioner::{murmur2, partition_for_key};
+pub use read_limit::ReadLimit;
 pub use record::{Header, NewRecord, Record};
 pub use record_batch::{
     peek_base_offset, peek_batch_len, peek_last_offset, set_base_offset, set_partition_leader_epoch,

@@ -52,7 +52,7 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
-use silt_record::Record;
+use silt_record::{ReadLimit, Record};
 use tokio::sync::{Notify, Semaphore};
 use tracing::debug;
 
@@ -652,12 +652,12 @@ impl ColdReader {
         from_offset: u64,
         max_records: usize,
     ) -> Result<Vec<Record>, TieringError> {
-        self.read_limited(object_key, object_bytes, from_offset, max_records, usize::MAX, true).await
+        self.read_limited(object_key, object_bytes, from_offset, ReadLimit::new(max_records, usize::MAX))
+            .await
     }
 
-    /// [`read`](Self::read), ending also before the record that would take the keys, values
-    /// and headers returned ([`Record::data_len`]) past `max_bytes`; with `at_least_one` the
-    /// first record is returned whatever its size. The next read continues where this one
+    /// [`read`](Self::read), as much as `limit` admits ([`ReadLimit::admits`]: records, bytes
+    /// of keys, values and headers, and the first record whatever its size if it says so). The next read continues where this one
     /// ended, and counts as sequential for readahead: so a caller should take every record
     /// returned, and ask for no more than it can take (a record it then drops would make its
     /// next read start before this read's end, a seek).
@@ -666,11 +666,9 @@ impl ColdReader {
         object_key: &str,
         object_bytes: u64,
         from_offset: u64,
-        max_records: usize,
-        max_bytes: usize,
-        at_least_one: bool,
+        limit: ReadLimit,
     ) -> Result<Vec<Record>, TieringError> {
-        if max_records == 0 || (max_bytes == 0 && !at_least_one) {
+        if limit.is_spent() {
             return Ok(Vec::new());
         }
         let footer = self.footer(object_key, object_bytes).await?;
@@ -693,16 +691,13 @@ impl ColdReader {
             let decoded = self.decoded_row_group(object_key, object_bytes, &footer, rg, sequential).await?;
             let start = decoded.records.partition_point(|r| r.offset < from_offset);
             for record in &decoded.records[start..] {
-                let len = record.data_len();
-                let first_whatever_size = out.is_empty() && at_least_one;
-                if out.len() >= max_records || (!first_whatever_size && used.saturating_add(len) > max_bytes)
-                {
+                if !limit.admits(out.len(), used, record) {
                     break 'row_groups;
                 }
-                used += len;
+                used += record.data_len();
                 out.push(record.clone());
             }
-            if out.len() >= max_records {
+            if out.len() >= limit.records {
                 break;
             }
         }
@@ -1638,7 +1633,7 @@ mod tests {
                             let (mut from, mut got) = (0u64, 0usize);
                             while got < 10_000 {
                                 let page = reader
-                                    .read_limited(&key, bytes, from, 700 + 97 * r, 64 * 1024, true)
+                                    .read_limited(&key, bytes, from, ReadLimit::new(700 + 97 * r, 64 * 1024))
                                     .await
                                     .unwrap();
                                 assert_eq!(page.first().map(|rec| rec.offset), Some(from));
@@ -1773,8 +1768,10 @@ mod tests {
         let max_bytes = 700 * mean;
         let (mut from, mut got, mut pages) = (0u64, Vec::new(), 0);
         loop {
-            let page =
-                reader.read_limited(&f.key, f.object_bytes, from, 10_000, max_bytes, true).await.unwrap();
+            let page = reader
+                .read_limited(&f.key, f.object_bytes, from, ReadLimit::new(10_000, max_bytes))
+                .await
+                .unwrap();
             let Some(last) = page.last() else { break };
             let bytes: usize = page.iter().map(Record::data_len).sum();
             assert!(page.len() == 1 || bytes <= max_bytes, "{bytes} bytes in a page of {max_bytes}");
@@ -1789,13 +1786,15 @@ mod tests {
         let stats = reader.stats();
         assert!(stats.readahead_row_groups >= 8, "{stats:?}");
         // The first record comes whatever its size.
-        let one = reader.read_limited(&f.key, f.object_bytes, 0, 10, 1, true).await.unwrap();
+        let one = reader.read_limited(&f.key, f.object_bytes, 0, ReadLimit::new(10, 1)).await.unwrap();
         assert_eq!(one, f.records[..1].to_vec());
         // Unless the caller has no room for it: then nothing, and the stream is undisturbed.
-        let none = reader.read_limited(&f.key, f.object_bytes, 1, 10, 1, false).await.unwrap();
+        let later = ReadLimit { at_least_one: false, ..ReadLimit::new(10, 1) };
+        let none = reader.read_limited(&f.key, f.object_bytes, 1, later).await.unwrap();
         assert!(none.is_empty());
         let stats = reader.stats();
-        let next = reader.read_limited(&f.key, f.object_bytes, 1, 10, usize::MAX, false).await.unwrap();
+        let rest = ReadLimit { at_least_one: false, ..ReadLimit::new(10, usize::MAX) };
+        let next = reader.read_limited(&f.key, f.object_bytes, 1, rest).await.unwrap();
         assert_eq!(next, f.records[1..11].to_vec());
         assert_eq!(
             reader.stats().sequential_reads,

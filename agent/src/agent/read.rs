@@ -292,14 +292,7 @@ impl Agent {
                         .await;
                         stage.set("reading archived data", next);
                         let got = cold
-                            .read_limited(
-                                &object_key,
-                                object_bytes,
-                                next,
-                                rest.records,
-                                rest.bytes,
-                                rest.at_least_one,
-                            )
+                            .read_limited(&object_key, object_bytes, next, rest)
                             .await
                             .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
                         if got.is_empty() && !rest.at_least_one {
