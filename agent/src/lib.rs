@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod partition_log;
 pub mod partition_writer;
 pub mod peer;
+mod placement;
 mod recovery;
 pub mod replica;
 pub mod replication;

@@ -607,33 +607,23 @@ impl PartitionWriter {
         let me = self.config.agent_id.as_str();
         let (r, w) = (self.config.replication_factor.max(1), self.config.write_quorum.max(1));
         let (chosen, instances, live, unreachable) = self.metadata.read_local(|s| {
-            let (reachable, unreachable): (Vec<&str>, Vec<&str>) = s
+            let (reachable, unreachable): (Vec<String>, Vec<String>) = s
                 .live_agents()
                 .filter(|a| a.id != me)
-                .map(|a| a.id.as_str())
+                .map(|a| a.id.clone())
                 .partition(|a| !self.peers.is_unreachable(a));
-            let mut load: std::collections::BTreeMap<&str, usize> =
-                reachable.into_iter().map(|a| (a, 0)).collect();
-            for seg in s.topics.values().flat_map(|t| t.partitions.iter()).filter_map(|p| p.open_segment()) {
-                for a in &seg.ensemble {
-                    if let Some(n) = load.get_mut(a.as_str()) {
-                        *n += 1;
-                    }
-                }
-            }
-            let live = load.len() + 1;
-            let mut others: Vec<(&str, usize)> = load.into_iter().collect();
-            others.sort_by_key(|(id, n)| (*n, *id));
-            let chosen: Vec<String> = std::iter::once(me)
-                .chain(others.into_iter().map(|(id, _)| id))
-                .take(r)
-                .map(String::from)
-                .collect();
+            let live = reachable.len() + 1;
+            let open = s
+                .topics
+                .values()
+                .flat_map(|t| t.partitions.iter())
+                .filter_map(|p| p.open_segment())
+                .map(|seg| seg.ensemble.as_slice());
+            let chosen = crate::placement::choose_ensemble(me, &reachable, open, r);
             let instances = chosen
                 .iter()
                 .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
                 .collect();
-            let unreachable: Vec<String> = unreachable.into_iter().map(String::from).collect();
             (chosen, instances, live + unreachable.len(), unreachable)
         });
         if chosen.len() < w {
