@@ -2,7 +2,7 @@
 //!
 //! The node keeps its Raft log and snapshots under `<data-dir>/metadata` (the layout of `silt
 //! dev`), locks `<data-dir>/LOCK`, and serves the Raft RPCs of its peers and the metadata API on
-//! one listener (`silt_metadata::metadata_server`). SIGINT or SIGTERM stops accepting requests,
+//! one listener (`silt_metadata::server`). SIGINT or SIGTERM stops accepting requests,
 //! finishes those in flight and stops the Raft node.
 
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ pub async fn run(config: MetadataConfig) -> Result<()> {
     // Tests and scripts read this line to find the address.
     println!("silt metadata listening on http://{addr} (node {id}, data in {})", config.data_dir.display());
     info!(%addr, id, "serving");
-    let served = silt_metadata::metadata_server::serve(listener, node.clone(), shutdown_signal()).await;
+    let served = silt_metadata::server::serve(listener, node.clone(), shutdown_signal()).await;
     info!("shutting down");
     cancel.cancel();
     if let Err(e) = watcher.await {

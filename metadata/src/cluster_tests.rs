@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::http_api::{ErrorBody, Outcome};
-use crate::metadata_server;
+use crate::api::{ErrorBody, Outcome};
+use crate::server;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataNodeOptions, NodeRole, Response};
 
 struct Running {
@@ -37,7 +37,7 @@ async fn start(dir: &Path, id: u64, listener: TcpListener, init: Option<BTreeMap
     let addr = listener.local_addr().unwrap().to_string();
     let node = MetadataNode::open_cluster(&dir.join(format!("m{id}")), id, init, options()).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(metadata_server::serve(listener, node.clone(), async move {
+    let server = tokio::spawn(server::serve(listener, node.clone(), async move {
         let _ = stopped.await;
     }));
     Running { node, addr, stop, server }

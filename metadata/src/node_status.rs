@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 
-use crate::raft_types::{NodeId, RaftMetrics};
+use crate::raft::types::{NodeId, RaftMetrics};
 
 /// One node's view of the Raft cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

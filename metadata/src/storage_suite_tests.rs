@@ -3,7 +3,7 @@
 use openraft::testing::{StoreBuilder, Suite};
 use tempfile::TempDir;
 
-use crate::raft_types::{StorageError, TypeConfig};
+use crate::raft::types::{StorageError, TypeConfig};
 use crate::{LogStore, StateMachineStore};
 
 struct TempDirStores;

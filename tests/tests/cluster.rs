@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use silt::silt_metadata::http_api::{ErrorBody, Outcome, StateReply};
+use silt::silt_metadata::api::{ErrorBody, Outcome, StateReply};
 use silt::silt_metadata::{Command, Metadata, MetadataError, NodeRole, RemoteMetadata, Response};
 use silt_tests::{silt_metadata_cli, wait_for, MetadataCluster};
 

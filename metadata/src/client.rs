@@ -1,4 +1,4 @@
-//! [`MetadataClient`]: talks to a metadata cluster over its HTTP API ([`crate::http_api`]) from
+//! [`MetadataClient`]: talks to a metadata cluster over its HTTP API ([`crate::api`]) from
 //! another process (agents, the compactor, `silt cluster`).
 //!
 //! It knows the addresses of some nodes and sends each request to the node it believes leads
@@ -22,13 +22,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::http_api::{
+use crate::api::{
     Change, ErrorBody, MembersRequest, Outcome, StateDelta, StateReply, LEADER_HEADER, MEMBERS_PATH,
     STATE_PATH, STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
-use crate::http_network::{base_url, root_cause};
 use crate::node_status::{Member, NodeStatus};
-use crate::raft_types::NodeId;
+use crate::raft::http_network::{base_url, root_cause};
+use crate::raft::types::NodeId;
 use crate::state::{Command, Response};
 use crate::MetadataError;
 

@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::http_api::Change;
+use crate::api::Change;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
 
 /// How often a remote copy of the state is refreshed when nothing asks for it sooner.

@@ -3,7 +3,7 @@
 //! It reaches nobody: every RPC fails with [`Unreachable`], which openraft answers by backing
 //! off. A single-node cluster (`silt dev`) never sends RPCs, so this only matters if the
 //! membership names other nodes. A cluster of `silt metadata` processes uses
-//! [`HttpNetwork`](crate::http_network::HttpNetwork) instead.
+//! [`HttpNetwork`](crate::raft::http_network::HttpNetwork) instead.
 
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -12,7 +12,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 
-use crate::raft_types::{BasicNode, NodeId, TypeConfig};
+use crate::raft::types::{BasicNode, NodeId, TypeConfig};
 
 /// Creates [`UnreachablePeer`]s: the network of a single-node cluster.
 #[derive(Debug, Clone, Copy, Default)]

@@ -1,5 +1,5 @@
 //! The client-facing metadata HTTP API: paths, headers and bodies shared by the server
-//! ([`crate::metadata_server`]) and [`crate::MetadataClient`].
+//! ([`crate::server`]) and [`crate::MetadataClient`].
 //!
 //! | request | answer |
 //! |---|---|
@@ -19,7 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::node_status::Member;
-use crate::raft_types::NodeId;
+use crate::raft::types::NodeId;
 use crate::state::{Command, MetadataState};
 
 /// Path of writes.

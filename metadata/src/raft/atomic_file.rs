@@ -1,13 +1,13 @@
 //! Small files replaced atomically: write `<name>.tmp`, fsync it, rename it over `<name>`, fsync
 //! the directory. A reader sees the old or the new content, never a mix, even after a crash.
 //!
-//! Every such file holds [`frame`](crate::frame)s, so damage is detected when it is read back.
+//! Every such file holds [`frame`](crate::raft::frame)s, so damage is detected when it is read back.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 
-use crate::frame;
+use crate::raft::frame;
 
 /// Suffix of files being written; leftovers of a crash are removed by [`remove_tmp_files`].
 pub(crate) const TMP_SUFFIX: &str = ".tmp";

@@ -21,9 +21,9 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{AnyError, OptionalSend, RaftSnapshotBuilder, StorageIOError};
 use tokio::sync::watch;
 
-use crate::atomic_file::{self, read_frames, write_atomically};
-use crate::frame;
-use crate::raft_types::{
+use crate::raft::atomic_file::{self, read_frames, write_atomically};
+use crate::raft::frame;
+use crate::raft::types::{
     Entry, EntryPayload, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::state::{Command, MetadataState, Response};
@@ -333,7 +333,7 @@ mod tests {
     use openraft::{CommittedLeaderId, Membership};
 
     use super::*;
-    use crate::raft_types::BasicNode;
+    use crate::raft::types::BasicNode;
     use crate::state::Command;
 
     fn log_id(index: u64) -> LogId {

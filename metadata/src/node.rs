@@ -3,7 +3,7 @@
 //!
 //! A node runs either alone ([`MetadataNode::open`], `silt dev`: a single-node cluster whose
 //! network reaches nobody) or as a member of a cluster ([`MetadataNode::open_cluster`], `silt
-//! metadata`: the [`HttpNetwork`] to its peers, served by [`crate::metadata_server`]).
+//! metadata`: the [`HttpNetwork`] to its peers, served by [`crate::server`]).
 //!
 //! Layout of the directory:
 //! - `raft-log/`: the [`LogStore`] (vote, committed, purged, `<seq>.log` segments).
@@ -24,14 +24,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::http_network::HttpNetwork;
 use crate::lease_clock::LeaseClock;
-use crate::log_store::{LogStore, LogStoreOptions, SEGMENT_BYTES_MAX_DEFAULT};
-use crate::network::SingleNodeNetwork;
 use crate::node_status::{Member, NodeStatus};
-use crate::raft_types::{BasicNode, LogId, NodeId, Raft, RaftMetrics, TypeConfig};
+use crate::raft::http_network::HttpNetwork;
+use crate::raft::log_store::{LogStore, LogStoreOptions, SEGMENT_BYTES_MAX_DEFAULT};
+use crate::raft::network::SingleNodeNetwork;
+use crate::raft::state_machine_store::{Changes, StateMachineStore};
+use crate::raft::types::{BasicNode, LogId, NodeId, Raft, RaftMetrics, TypeConfig};
 use crate::state::{Command, MetadataState, Response};
-use crate::state_machine_store::{Changes, StateMachineStore};
 use crate::MetadataError;
 
 /// How long a write or a linearizable read may take before it fails as `Unavailable`, unless
@@ -191,7 +191,7 @@ impl MetadataNode {
     }
 
     /// Opens the node stored in `dir` (created if missing) as a member of a multi-node cluster
-    /// whose peers talk over HTTP ([`HttpNetwork`]); serve [`crate::metadata_server::router`] on
+    /// whose peers talk over HTTP ([`HttpNetwork`]); serve [`crate::server::router`] on
     /// this node's address so they can reach it.
     ///
     /// With `initial_members` (`silt metadata --init`), a fresh node initializes the cluster with

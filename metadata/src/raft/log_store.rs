@@ -48,9 +48,9 @@ use openraft::{AnyError, OptionalSend, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::atomic_file::{self, read_frames, sync_dir, write_atomically};
-use crate::frame;
-use crate::raft_types::{Entry, LogId, LogState, StorageError, TypeConfig, Vote};
+use crate::raft::atomic_file::{self, read_frames, sync_dir, write_atomically};
+use crate::raft::frame;
+use crate::raft::types::{Entry, LogId, LogState, StorageError, TypeConfig, Vote};
 
 /// Default size at which the active segment is closed and a new one started (8 MiB).
 pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 8 * 1024 * 1024;
@@ -671,7 +671,7 @@ mod tests {
     use openraft::CommittedLeaderId;
 
     use super::*;
-    use crate::raft_types::EntryPayload;
+    use crate::raft::types::EntryPayload;
     use crate::state::Command;
 
     fn log_id(term: u64, index: u64) -> LogId {

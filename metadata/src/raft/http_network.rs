@@ -3,7 +3,7 @@
 //! The client side of openraft's three RPCs: each is one `POST` of the request's JSON to the
 //! target's address from the membership ([`BasicNode::addr`], `host:port`) at
 //! [`APPEND_PATH`], [`VOTE_PATH`] or [`SNAPSHOT_PATH`]. The answer is the JSON of the target's
-//! `Result<response, RaftError>`. The server side is in [`crate::metadata_server`].
+//! `Result<response, RaftError>`. The server side is in [`crate::server`].
 //!
 //! One `reqwest` client is shared by every peer, so connections are pooled and reused (HTTP/1.1
 //! keep-alive); every RPC carries openraft's deadline for it (`RPCOption::hard_ttl`). Errors are
@@ -29,7 +29,7 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::raft_types::{BasicNode, NodeId, TypeConfig};
+use crate::raft::types::{BasicNode, NodeId, TypeConfig};
 use crate::MetadataError;
 
 /// Path of the AppendEntries RPC (heartbeats too).

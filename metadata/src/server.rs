@@ -1,5 +1,5 @@
-//! The HTTP server of a metadata node: the Raft RPCs from its peers ([`crate::http_network`])
-//! and the client-facing metadata API ([`crate::http_api`]) on one listener.
+//! The HTTP server of a metadata node: the Raft RPCs from its peers ([`crate::raft::http_network`])
+//! and the client-facing metadata API ([`crate::api`]) on one listener.
 //!
 //! Every client request that needs the leader (writes, linearizable reads, membership changes)
 //! follows one loop until its deadline (the node's request timeout, or less if the caller says
@@ -36,17 +36,17 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::http_api::{
+use crate::api::{
     Change, ErrorBody, ErrorDetail, MembersRequest, Outcome, StateDelta, StateReply, CODE_INVALID_ARGUMENT,
     CODE_INVALID_JSON, CODE_UNAVAILABLE, FORWARDED_HEADER, LEADER_HEADER, MEMBERS_PATH, STATE_PATH,
     STATUS_PATH, TIMEOUT_HEADER, WRITE_PATH,
 };
-use crate::http_network::{base_url, root_cause, APPEND_PATH, SNAPSHOT_PATH, VOTE_PATH};
-use crate::metadata_node::{LeaderError, Route};
+use crate::node::{LeaderError, Route};
 use crate::node_status::Member;
-use crate::raft_types::{NodeId, TypeConfig};
+use crate::raft::http_network::{base_url, root_cause, APPEND_PATH, SNAPSHOT_PATH, VOTE_PATH};
+use crate::raft::state_machine_store::Changes;
+use crate::raft::types::{NodeId, TypeConfig};
 use crate::state::Command;
-use crate::state_machine_store::Changes;
 use crate::MetadataNode;
 
 /// Largest Raft RPC body: a batch of log entries or one snapshot chunk.

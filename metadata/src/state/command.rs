@@ -1,0 +1,421 @@
+//! The commands that change the metadata, in the Raft log as JSON, and their responses.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{GroupMode, Topic};
+use crate::topic_config::TopicConfig;
+use crate::MetadataError;
+
+/// A change to the metadata. Each is applied atomically, in log order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Command {
+    /// Create a topic.
+    CreateTopic {
+        /// Topic name; validated by the caller against Kafka's naming rules.
+        name: String,
+        /// Number of partitions.
+        partitions: u32,
+        /// Config overrides by Kafka-style name.
+        config: BTreeMap<String, String>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Change some of a topic's configs (all or none): agents apply them from their next
+    /// housekeeping round on. `replication.factor` and `min.insync.replicas` cannot change.
+    AlterTopicConfig {
+        /// Topic name.
+        name: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// New values by Kafka-style name.
+        config: BTreeMap<String, String>,
+    },
+    /// Delete a topic and every group's state for it.
+    DeleteTopic {
+        /// Topic name.
+        name: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+    },
+    /// Make `agent` the writer of a partition, bumping the epoch.
+    ClaimWriter {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The agent that becomes writer.
+        agent: String,
+        /// If set, the claim only succeeds when the current epoch equals this.
+        expected_epoch: Option<u64>,
+    },
+    /// Open a new segment at the end of the partition.
+    OpenSegment {
+        /// Topic name.
+        topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// Partition number.
+        partition: u32,
+        /// Writer's epoch; must be the partition's current epoch.
+        epoch: u64,
+        /// First offset; must follow the last sealed segment.
+        base_offset: u64,
+        /// Agents holding replicas, the writer first.
+        ensemble: Vec<String>,
+        /// Their data-directory instances, in the same order (may be empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        instances: Vec<String>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Seal the open segment at its final end. An empty segment is removed instead.
+    SealSegment {
+        /// The ensemble members that hold the whole segment, if not all of them (a follower
+        /// that left the ensemble midway holds only part of it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replicas: Option<Vec<String>>,
+        /// Topic name.
+        topic: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// Partition number.
+        partition: u32,
+        /// Writer's epoch; must be the partition's current epoch.
+        epoch: u64,
+        /// The segment's base offset.
+        base_offset: u64,
+        /// Records in the segment; `0` removes it.
+        record_count: u64,
+        /// Bytes on disk.
+        size_bytes: u64,
+        /// Smallest record timestamp.
+        min_timestamp_ms: Option<i64>,
+        /// Largest record timestamp.
+        max_timestamp_ms: Option<i64>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// A writer's roll: `seal` (a `seal_segment`) and then `open` (an `open_segment` of the same
+    /// partition under the same epoch, starting right after the sealed segment), both or neither.
+    RollSegment {
+        /// Seals the open segment.
+        seal: Box<Command>,
+        /// Opens the next one.
+        open: Box<Command>,
+    },
+    /// Ensemble repair: agent `with` now holds a full copy of a sealed segment that has fewer
+    /// members than the topic's replication factor (sealed after a follower left midway).
+    AddReplica {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset; the segment must be sealed.
+        base_offset: u64,
+        /// The new member; not yet in the ensemble.
+        with: String,
+        /// The new member's data-directory instance.
+        instance: String,
+    },
+    /// Ensemble repair: agent `with` now holds a full copy of a sealed segment in place of
+    /// `gone` (an agent that is gone, or lost its disk).
+    ReplaceReplica {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset; the segment must be sealed.
+        base_offset: u64,
+        /// The member replaced.
+        gone: String,
+        /// The new member; not yet in the ensemble.
+        with: String,
+        /// The new member's data-directory instance.
+        instance: String,
+    },
+    /// Record that a sealed segment's records are in an object in the bucket. Only after this
+    /// may agents drop their local copies.
+    ArchiveSegment {
+        /// Topic name.
+        topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset.
+        base_offset: u64,
+        /// Its last offset, as the archived object holds it; must match the sealed segment.
+        last_offset: u64,
+        /// Object key (full path in the bucket).
+        object_key: String,
+        /// Object size.
+        object_bytes: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Forget archived segments (retention): the objects are deleted after this is applied.
+    DeleteArchivedSegments {
+        /// Topic name.
+        topic: String,
+        /// If set, the command is refused unless the topic has this id (it was not deleted
+        /// and re-created since the proposer looked).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// Partition number.
+        partition: u32,
+        /// Base offsets of the segments to forget; each must be archived and older than any
+        /// segment that stays.
+        base_offsets: Vec<u64>,
+    },
+    /// Rebuild the topics from the bucket's description of them: create a topic with the id,
+    /// configs and partition count it had. Restoring a topic that exists with the same id and
+    /// partition count is harmless; any other topic of that name is refused. Ids handed out
+    /// later are above `id`.
+    RestoreTopic {
+        /// Topic name.
+        name: String,
+        /// The id it had; `None` for the next free id (an archive that does not describe it).
+        id: Option<u64>,
+        /// Number of partitions.
+        partitions: u32,
+        /// Its configuration, whole.
+        config: TopicConfig,
+        /// Its config version.
+        config_version: u64,
+        /// When it was created.
+        created_ms: u64,
+    },
+    /// Rebuild: topic ids below `below` were handed out (to topics since deleted, or found in
+    /// local logs) and are never handed out again.
+    ReserveTopicIds {
+        /// The least id the next topic created may get.
+        below: u64,
+    },
+    /// Rebuild: the next segment of a partition starts at `end` or after, because offsets
+    /// below it may have been handed out (local data past the archive). Never lowers it.
+    RestorePartitionEnd {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The least offset the next segment may start at.
+        end: u64,
+    },
+    /// Rebuild the offset map from the bucket: add an archived segment found in an object's
+    /// footer, creating the topic with default configs if it does not exist.
+    RestoreArchivedSegment {
+        /// Topic name.
+        topic: String,
+        /// The topic's partition count, from the footer.
+        partitions: u32,
+        /// Partition number.
+        partition: u32,
+        /// First offset.
+        base_offset: u64,
+        /// Last offset.
+        last_offset: u64,
+        /// Records in the object.
+        record_count: u64,
+        /// Smallest record timestamp.
+        min_timestamp_ms: Option<i64>,
+        /// Largest record timestamp.
+        max_timestamp_ms: Option<i64>,
+        /// Object key.
+        object_key: String,
+        /// Object size.
+        object_bytes: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Join a group on a topic, or heartbeat as an existing member.
+    JoinGroup {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// Member id.
+        member: String,
+        /// Requested mode; must match the group's.
+        mode: GroupMode,
+        /// The member is dropped after this long without a heartbeat.
+        session_timeout_ms: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Leave a group on a topic.
+    LeaveGroup {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// Member id.
+        member: String,
+    },
+    /// Record acknowledgements. The floor never moves backwards.
+    CommitAcks {
+        /// Group name.
+        group: String,
+        /// Topic name.
+        topic: String,
+        /// If set, the command is refused unless the topic has this id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
+        /// Partition number.
+        partition: u32,
+        /// Everything below is acknowledged.
+        floor: u64,
+        /// Acknowledged inclusive ranges above the floor.
+        acked: Vec<(u64, u64)>,
+    },
+    /// Delete a group.
+    DeleteGroup {
+        /// Group name.
+        group: String,
+    },
+    /// An agent (re)starts: it gets a new incarnation and a lease, and every partition it
+    /// writes gets a new epoch, so whatever its previous incarnation did is fenced.
+    RegisterAgent {
+        /// Agent id.
+        agent: String,
+        /// Identifies the agent's data directory (made once, kept in it). While the id's
+        /// current incarnation is live, only the same data directory may register it again.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        instance: String,
+        /// Where other agents and clients reach it (`host:port`).
+        addr: String,
+        /// The lease lapses this long after the last heartbeat.
+        lease_ms: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// An agent renews its lease. Partitions of agents whose lease lapsed get new writers.
+    AgentHeartbeat {
+        /// Agent id.
+        agent: String,
+        /// The incarnation `RegisterAgent` returned; an older one is refused.
+        incarnation: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// A writer that cannot reach a quorum of agents while metadata counts them live (it is
+    /// cut off from them, not from metadata) hands its partition to another live agent: a live
+    /// member of the open segment's ensemble if there is one, else the live agent with the
+    /// fewest partitions. The epoch is bumped; refused when no other agent is live.
+    HandOffWriter {
+        /// Topic name.
+        topic: String,
+        /// Partition number.
+        partition: u32,
+        /// The agent handing the partition off; must be its writer.
+        agent: String,
+        /// The partition's epoch the agent writes under; must be the current one.
+        epoch: u64,
+        /// Agents the proposer cannot reach: passed over, unless it reaches no live agent.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        avoid: Vec<String>,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// Move one partition towards balance (see `MetadataState::rebalance_writers`), if one is
+    /// due. Agents propose it when their copy of the state shows one is.
+    RebalanceWriters {
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// An agent leaves on purpose: its lease ends now, so its partitions get new writers at once.
+    DeregisterAgent {
+        /// Agent id.
+        agent: String,
+        /// The incarnation `RegisterAgent` returned; an older one is refused.
+        incarnation: u64,
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+}
+
+/// What applying a command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Response {
+    /// Applied; nothing to return.
+    Ok,
+    /// The topic as it is after the command.
+    Topic {
+        /// The topic.
+        topic: Topic,
+    },
+    /// The partition's epoch after a writer claim.
+    Epoch {
+        /// New epoch.
+        epoch: u64,
+    },
+    /// A partition's writer and epoch after a hand-off.
+    Writer {
+        /// The new writer.
+        agent: String,
+        /// The new epoch.
+        epoch: u64,
+    },
+    /// A member's view of its group after join or heartbeat.
+    Membership {
+        /// Assignment generation.
+        generation: u64,
+        /// Partitions assigned to this member (all partitions in shared mode).
+        partitions: Vec<u32>,
+    },
+    /// An agent's incarnation after it registered.
+    Registered {
+        /// Distinguishes this process of the agent from earlier ones.
+        incarnation: u64,
+    },
+    /// The command was refused; the state is unchanged.
+    Error {
+        /// Why.
+        error: MetadataError,
+    },
+}
+
+impl Command {
+    /// Replaces the proposer's clock with `now_ms` (the metadata leader's) in the commands
+    /// whose clock decides something: leases (agents), topic creation (which names writers by
+    /// lease) and group membership (session timeouts). Agents' clocks may disagree; the
+    /// leader's, kept monotonic by `MetadataState::clock_ms`, is the one clock leases are
+    /// judged by.
+    pub fn stamp_clock(&mut self, now: u64) {
+        match self {
+            Command::RegisterAgent { now_ms, .. }
+            | Command::AgentHeartbeat { now_ms, .. }
+            | Command::DeregisterAgent { now_ms, .. }
+            | Command::HandOffWriter { now_ms, .. }
+            | Command::RebalanceWriters { now_ms }
+            | Command::CreateTopic { now_ms, .. }
+            | Command::JoinGroup { now_ms, .. } => *now_ms = now,
+            _ => {}
+        }
+    }
+}
+
+impl Response {
+    /// Turns an `Error` response into `Err`.
+    pub fn into_result(self) -> Result<Response, MetadataError> {
+        match self {
+            Response::Error { error } => Err(error),
+            other => Ok(other),
+        }
+    }
+}
