@@ -543,8 +543,12 @@ impl PartitionWriter {
         let me = self.config.agent_id.clone();
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
         let followers: Vec<(String, String)> = self.metadata.read_local(|s| {
-            let Some(seg) =
-                s.topics.get(&topic).and_then(|t| t.partitions.get(partition)).and_then(|p| p.open_segment())
+            let Some(seg) = s
+                .topics
+                .get(&topic)
+                .and_then(|t| t.partitions.get(partition))
+                .and_then(|p| p.open_segment())
+                .filter(|seg| seg.base_offset == base)
             else {
                 return Vec::new();
             };
@@ -554,6 +558,13 @@ impl PartitionWriter {
                 .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))
                 .collect()
         });
+        if followers.len() + 1 < self.config.write_quorum {
+            // Another writer sealed it meanwhile, or metadata forgot a member: every write
+            // fails for want of acknowledgements, and the writer ends.
+            warn!(topic = %topic, partition, segment = base, followers = followers.len(),
+                write_quorum = self.config.write_quorum,
+                "metadata names fewer followers of the open segment than the write quorum needs");
+        }
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
             epoch: self.epoch,

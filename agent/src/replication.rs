@@ -147,7 +147,10 @@ impl Ensemble {
         end: u64,
         committed: u64,
     ) -> Result<(), StoreError> {
-        if self.followers.is_empty() {
+        debug_assert!(committed <= end, "committed {committed} past the group's end {end}");
+        // No early return for an ensemble short of followers: W - 1 acknowledgements are
+        // needed whatever the writer's copy of metadata named.
+        if self.needed == 0 && self.followers.is_empty() {
             return Ok(());
         }
         let body = join_batches(batches);
@@ -308,5 +311,29 @@ impl Link {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The followers a writer streams to come from its copy of metadata: a segment another
+    /// writer sealed meanwhile, or a member metadata forgot, leaves fewer than W - 1 of them.
+    #[tokio::test]
+    async fn an_ensemble_with_fewer_followers_than_the_write_quorum_needs_acknowledges_nothing() {
+        let peers = Peers::new("w");
+        let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
+        for (followers, w) in [(0, 2), (0, 3)] {
+            let followers: Vec<(String, String)> =
+                (0..followers).map(|i| (format!("f{i}"), "127.0.0.1:9".to_string())).collect();
+            let e = Ensemble::start(&peers, "t", 0, target.clone(), followers.clone(), w);
+            match e.replicate(&[], 10, 0).await {
+                Err(StoreError::NotEnoughReplicas(_)) => {}
+                other => panic!("{} followers, W={w}: {other:?}", followers.len()),
+            }
+        }
+        let e = Ensemble::start(&peers, "t", 0, target, Vec::new(), 1);
+        assert!(e.replicate(&[], 10, 0).await.is_ok(), "W=1 needs no follower");
     }
 }
