@@ -1,8 +1,12 @@
-//! Which agents hold a new segment, decided without I/O: the writer itself, then the reachable
-//! live agents that are members of the fewest open segments (ties by id, so that every writer
-//! decides alike), up to the replication factor.
+//! Which agents hold a segment, decided without I/O: the ensemble of a new segment (the writer
+//! itself, then the reachable live agents that are members of the fewest open segments, ties by
+//! id, so that every writer decides alike, up to the replication factor), and the repair of a
+//! sealed segment short of replicas (which member is gone, and which agent copies it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use silt_metadata::state::{Segment, SegmentState};
+use silt_metadata::MetadataState;
 
 /// The ensemble of a new segment written by `me`: `me` first, then up to
 /// `replication_factor - 1` of `reachable` (other live agents that answered lately), the least
@@ -30,6 +34,103 @@ pub(crate) fn choose_ensemble<'a>(
         .take(replication_factor.max(1))
         .map(String::from)
         .collect()
+}
+
+/// A sealed segment short of replicas, and the agent that is to copy it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Repair {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub segment: u64,
+    pub segment_epoch: u64,
+    /// The member `with` replaces; `None` adds `with` to a segment sealed with fewer than R
+    /// members.
+    pub gone: Option<String>,
+    pub with: String,
+    pub with_addr: String,
+    pub with_instance: String,
+}
+
+/// The first repair `me` is to lead, judged at the state's clock: a sealed segment whose first
+/// intact member (live, on the disk it was written to) is `me`, with a member gone (its lease
+/// lapsed more than `repair_after_ms` ago, or it came back with another disk) or fewer members
+/// than the topic's replication factor; copied by the live agent outside the ensemble that is
+/// a member of the fewest segments (ties by id), never the partition's writer and never one
+/// that `failed_lately(topic, partition, segment, agent)`.
+pub(crate) fn repair_candidate(
+    s: &MetadataState,
+    me: &str,
+    repair_after_ms: u64,
+    failed_lately: impl Fn(&str, u32, u64, &str) -> bool,
+) -> Option<Repair> {
+    let now = s.clock_ms;
+    let recorded = |seg: &Segment, i: usize| seg.instances.get(i).filter(|r| !r.is_empty()).cloned();
+    let intact = |seg: &Segment, i: usize, a: &str| {
+        s.agents
+            .get(a)
+            .is_some_and(|info| info.is_live(now) && recorded(seg, i).is_none_or(|r| r == info.instance))
+    };
+    let gone = |seg: &Segment, i: usize, a: &str| match s.agents.get(a) {
+        None => true,
+        Some(info) => {
+            recorded(seg, i).is_some_and(|r| r != info.instance)
+                || (!info.is_live(now)
+                    && now
+                        >= info
+                            .last_heartbeat_ms
+                            .saturating_add(info.lease_ms)
+                            .saturating_add(repair_after_ms))
+        }
+    };
+    let mut load: HashMap<&str, usize> = s.live_agents().map(|a| (a.id.as_str(), 0)).collect();
+    for seg in s.topics.values().flat_map(|t| t.partitions.iter()).flat_map(|p| p.segments.values()) {
+        for a in &seg.ensemble {
+            if let Some(n) = load.get_mut(a.as_str()) {
+                *n += 1;
+            }
+        }
+    }
+    for t in s.topics.values() {
+        for (p, part) in t.partitions.iter().enumerate() {
+            for seg in part.segments.values().filter(|seg| seg.state == SegmentState::Sealed) {
+                let first = seg.ensemble.iter().enumerate().find(|(i, a)| intact(seg, *i, a));
+                if first.map(|(_, a)| a.as_str()) != Some(me) {
+                    continue;
+                }
+                // A member gone, or else a missing one: a segment sealed after a follower left
+                // midway has fewer than R members.
+                let gone = seg.ensemble.iter().enumerate().find(|(i, a)| gone(seg, *i, a));
+                let short = seg.ensemble.len() < t.config.replication_factor as usize;
+                if gone.is_none() && !short {
+                    continue;
+                }
+                // A live agent outside the ensemble; not the partition's writer, whose log
+                // belongs to its writer task, nor one that failed this copy lately.
+                let with = s
+                    .live_agents()
+                    .filter(|a| {
+                        !seg.ensemble.contains(&a.id)
+                            && part.writer.as_deref() != Some(a.id.as_str())
+                            && !failed_lately(&t.name, p as u32, seg.base_offset, &a.id)
+                    })
+                    .min_by_key(|a| (load.get(a.id.as_str()).copied().unwrap_or(0), a.id.as_str()));
+                let Some(with) = with else { continue };
+                return Some(Repair {
+                    topic: t.name.clone(),
+                    topic_id: t.id,
+                    partition: p as u32,
+                    segment: seg.base_offset,
+                    segment_epoch: seg.epoch,
+                    gone: gone.map(|(_, a)| a.clone()),
+                    with: with.id.clone(),
+                    with_addr: with.addr.clone(),
+                    with_instance: with.instance.clone(),
+                });
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -95,6 +196,190 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A cluster's metadata built by applying commands, as metadata does.
+    mod repair {
+        use silt_metadata::{Command, MetadataState, Response};
+
+        use super::super::{repair_candidate, Repair};
+
+        const LEASE: u64 = 1_000;
+        const AFTER: u64 = 5_000;
+
+        fn apply(s: &mut MetadataState, c: Command) {
+            if let Response::Error { error } = s.apply(&c) {
+                panic!("{c:?}: {error}");
+            }
+        }
+
+        fn register(s: &mut MetadataState, a: &str, disk: u32, now_ms: u64) {
+            let (agent, instance, addr) = (a.to_string(), format!("{a}-disk{disk}"), format!("{a}:1"));
+            apply(s, Command::RegisterAgent { agent, instance, addr, lease_ms: LEASE, now_ms });
+        }
+
+        /// `agents` heartbeat every half lease until `until`; the others' leases lapse.
+        fn keep_alive(s: &mut MetadataState, agents: &[&str], until: u64) {
+            let mut now_ms = s.clock_ms;
+            while now_ms < until {
+                now_ms = (now_ms + LEASE / 2).min(until);
+                for a in agents {
+                    let incarnation = s.agents[*a].incarnation;
+                    apply(s, Command::AgentHeartbeat { agent: a.to_string(), incarnation, now_ms });
+                }
+            }
+        }
+
+        /// Agents a1..a5 at time 1,000, and topic `t` with one sealed segment of ten records
+        /// written by `writer` on `ensemble`, with replication factor `r`.
+        fn cluster(r: u32, ensemble: &[&str], writer: &str) -> MetadataState {
+            let mut s = MetadataState::default();
+            for a in ["a1", "a2", "a3", "a4", "a5"] {
+                register(&mut s, a, 1, 1_000);
+            }
+            sealed(&mut s, "t", r, ensemble, writer);
+            s
+        }
+
+        fn sealed(s: &mut MetadataState, topic: &str, r: u32, ensemble: &[&str], writer: &str) {
+            let now_ms = s.clock_ms;
+            let config = [("replication.factor".to_string(), r.to_string())].into();
+            let (name, topic) = (topic.to_string(), topic.to_string());
+            apply(s, Command::CreateTopic { name, partitions: 1, config, now_ms });
+            let (agent, expected_epoch) = (writer.to_string(), None);
+            apply(s, Command::ClaimWriter { topic: topic.clone(), partition: 0, agent, expected_epoch });
+            let epoch = s.topics[&topic].partitions[0].epoch;
+            let topic_id = Some(s.topics[&topic].id);
+            let instances = ensemble.iter().map(|a| s.agents[*a].instance.clone()).collect();
+            let ensemble = ensemble.iter().map(|a| a.to_string()).collect();
+            apply(
+                s,
+                Command::OpenSegment {
+                    topic: topic.clone(),
+                    topic_id,
+                    partition: 0,
+                    epoch,
+                    base_offset: 0,
+                    ensemble,
+                    instances,
+                    now_ms,
+                },
+            );
+            apply(
+                s,
+                Command::SealSegment {
+                    replicas: None,
+                    topic,
+                    topic_id,
+                    partition: 0,
+                    epoch,
+                    base_offset: 0,
+                    record_count: 10,
+                    size_bytes: 1_000,
+                    min_timestamp_ms: None,
+                    max_timestamp_ms: None,
+                    now_ms,
+                },
+            );
+        }
+
+        fn candidate(s: &MetadataState, me: &str) -> Option<Repair> {
+            repair_candidate(s, me, AFTER, |_, _, _, _| false)
+        }
+
+        /// (gone, with) of the repair `me` leads.
+        fn chosen(s: &MetadataState, me: &str) -> Option<(Option<String>, String)> {
+            candidate(s, me).map(|r| (r.gone, r.with))
+        }
+
+        fn some(gone: Option<&str>, with: &str) -> Option<(Option<String>, String)> {
+            Some((gone.map(String::from), with.to_string()))
+        }
+
+        const ALL: [&str; 5] = ["a1", "a2", "a3", "a4", "a5"];
+
+        #[test]
+        fn a_whole_segment_on_live_members_needs_no_repair() {
+            let mut s = cluster(3, &["a1", "a2", "a3"], "a1");
+            keep_alive(&mut s, &ALL, 1_000 + 100 * LEASE);
+            for me in ALL {
+                assert_eq!(candidate(&s, me), None, "{me}");
+            }
+        }
+
+        #[test]
+        fn a_member_gone_past_its_lease_and_the_wait_is_replaced_by_the_least_loaded_live_agent() {
+            let mut s = cluster(3, &["a1", "a2", "a3"], "a1");
+            let live = ["a1", "a3", "a4", "a5"];
+            // a2's last heartbeat was at 1,000: its lease lapses at 2,000, and it counts as
+            // gone AFTER later.
+            keep_alive(&mut s, &live, 1_000 + LEASE + AFTER - 1);
+            assert_eq!(candidate(&s, "a1"), None, "a lapsed lease is not yet a member gone");
+            keep_alive(&mut s, &live, 1_000 + LEASE + AFTER);
+            let r = candidate(&s, "a1").expect("a1, the first intact member, leads the repair");
+            let t = &s.topics["t"];
+            assert_eq!((r.topic.as_str(), r.topic_id, r.partition, r.segment), ("t", t.id, 0, 0));
+            assert_eq!(r.segment_epoch, t.partitions[0].segments[&0].epoch);
+            assert_eq!(
+                (r.gone.as_deref(), r.with.as_str()),
+                (Some("a2"), "a4"),
+                "a4 and a5 hold nothing: by id"
+            );
+            assert_eq!((r.with_addr.as_str(), r.with_instance.as_str()), ("a4:1", "a4-disk1"));
+            for me in ["a2", "a3", "a4", "a5"] {
+                assert_eq!(candidate(&s, me), None, "{me} is not the first intact member");
+            }
+            // a4 holds another segment: a5 is less loaded.
+            sealed(&mut s, "u", 1, &["a4"], "a4");
+            assert_eq!(chosen(&s, "a1"), some(Some("a2"), "a5"));
+            // Nor does an agent that failed this copy lately take it again.
+            let failed = |t: &str, p: u32, seg: u64, a: &str| (t, p, seg, a) == ("t", 0, 0, "a5");
+            assert_eq!(repair_candidate(&s, "a1", AFTER, failed).map(|r| r.with), Some("a4".into()));
+            assert_eq!(
+                repair_candidate(&s, "a1", AFTER, |_, _, _, _| true),
+                None,
+                "no agent left to copy it"
+            );
+        }
+
+        #[test]
+        fn the_first_intact_member_leads_when_the_first_member_is_gone() {
+            let mut s = cluster(3, &["a1", "a2", "a3"], "a1");
+            keep_alive(&mut s, &["a3", "a4", "a5"], 1_000 + LEASE + AFTER);
+            let r = candidate(&s, "a3").expect("a3 is the only intact member");
+            assert_eq!(r.gone.as_deref(), Some("a1"), "the first member gone");
+            let writer = s.topics["t"].partitions[0].writer.clone();
+            assert!(
+                ["a4", "a5"].contains(&r.with.as_str()) && Some(&r.with) != writer.as_ref(),
+                "{r:?}, writer {writer:?}"
+            );
+            assert_eq!(candidate(&s, "a1"), None, "a1 is gone");
+        }
+
+        #[test]
+        fn a_member_back_with_another_disk_is_replaced_at_once() {
+            let mut s = cluster(3, &["a1", "a2", "a3"], "a1");
+            // a2's lease lapsed at 2,000; it registers again from a new disk at 2,001, long
+            // before it would count as gone for being away.
+            keep_alive(&mut s, &["a1", "a3", "a4", "a5"], 2_001);
+            register(&mut s, "a2", 2, 2_001);
+            assert_eq!(chosen(&s, "a1"), some(Some("a2"), "a4"));
+        }
+
+        #[test]
+        fn a_segment_sealed_short_of_members_gets_one_more_never_from_the_writer() {
+            let s = cluster(3, &["a1", "a2"], "a1");
+            assert_eq!(chosen(&s, "a1"), some(None, "a3"));
+            assert_eq!(candidate(&s, "a2"), None);
+            let s = cluster(3, &["a1", "a2"], "a3");
+            assert_eq!(
+                chosen(&s, "a1"),
+                some(None, "a4"),
+                "a3 writes the partition: its log is its writer's"
+            );
+            let s = cluster(2, &["a1", "a2"], "a1");
+            assert_eq!(candidate(&s, "a1"), None, "R=2 is met");
         }
     }
 }

@@ -44,6 +44,7 @@ use crate::metrics::{ForwardLabels, LagLabels, Metrics, RepairLabels, ReplicaLab
 use crate::partition_log::{PartitionLog, PartitionReader};
 use crate::partition_writer::{self, PartitionHandle, WriterConfig};
 use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord};
+use crate::placement::Repair;
 use crate::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
 use crate::replication::FollowerLag;
 use crate::segment::ReadMode;
@@ -245,20 +246,6 @@ type CursorKey = (String, String, u32);
 type Retired = (u64, Arc<PartitionReader>);
 /// A retired log to check: its partition, topic id and the offset ranges it holds.
 type RetiredRanges = ((String, u32), u64, Vec<(u64, u64)>);
-/// One ensemble repair: copy a sealed segment to `with` in place of `gone`.
-struct Repair {
-    topic: String,
-    topic_id: u64,
-    partition: u32,
-    segment: u64,
-    segment_epoch: u64,
-    /// The member `with` replaces; `None` adds `with` to a segment sealed with fewer than R
-    /// members.
-    gone: Option<String>,
-    with: String,
-    with_addr: String,
-    with_instance: String,
-}
 
 /// What request paths need of a topic: its name, id, configuration and partition count, read
 /// from metadata without copying the partitions' segment chains. A chain grows with the topic's

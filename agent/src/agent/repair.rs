@@ -100,83 +100,9 @@ impl Agent {
             failures.retain(|_, until| *until > now);
             failures.clone()
         };
-        let failed_lately = |key: &(String, u32, u64, String)| failures.contains_key(key);
-        self.inner.metadata.read_local(|s| {
-            let now = s.clock_ms;
-            let recorded = |seg: &silt_metadata::state::Segment, i: usize| {
-                seg.instances.get(i).filter(|r| !r.is_empty()).cloned()
-            };
-            let intact = |seg: &silt_metadata::state::Segment, i: usize, a: &str| {
-                s.agents.get(a).is_some_and(|info| {
-                    info.is_live(now) && recorded(seg, i).is_none_or(|r| r == info.instance)
-                })
-            };
-            let gone = |seg: &silt_metadata::state::Segment, i: usize, a: &str| match s.agents.get(a) {
-                None => true,
-                Some(info) => {
-                    recorded(seg, i).is_some_and(|r| r != info.instance)
-                        || (!info.is_live(now)
-                            && now
-                                >= info.last_heartbeat_ms.saturating_add(info.lease_ms).saturating_add(after))
-                }
-            };
-            let mut load: HashMap<&str, usize> = s.live_agents().map(|a| (a.id.as_str(), 0)).collect();
-            for seg in s.topics.values().flat_map(|t| t.partitions.iter()).flat_map(|p| p.segments.values()) {
-                for a in &seg.ensemble {
-                    if let Some(n) = load.get_mut(a.as_str()) {
-                        *n += 1;
-                    }
-                }
-            }
-            for t in s.topics.values() {
-                for (p, part) in t.partitions.iter().enumerate() {
-                    for seg in part
-                        .segments
-                        .values()
-                        .filter(|seg| seg.state == silt_metadata::state::SegmentState::Sealed)
-                    {
-                        let first = seg.ensemble.iter().enumerate().find(|(i, a)| intact(seg, *i, a));
-                        if first.map(|(_, a)| a.as_str()) != Some(me) {
-                            continue;
-                        }
-                        // A member gone, or else a missing one: a segment sealed after a
-                        // follower left midway has fewer than R members.
-                        let gone = seg.ensemble.iter().enumerate().find(|(i, a)| gone(seg, *i, a));
-                        let short = seg.ensemble.len() < t.config.replication_factor as usize;
-                        if gone.is_none() && !short {
-                            continue;
-                        }
-                        // A live agent outside the ensemble; not the partition's writer, whose
-                        // log belongs to its writer task, nor one that failed this copy lately.
-                        let with = s
-                            .live_agents()
-                            .filter(|a| {
-                                !seg.ensemble.contains(&a.id)
-                                    && part.writer.as_deref() != Some(a.id.as_str())
-                                    && !failed_lately(&(
-                                        t.name.clone(),
-                                        p as u32,
-                                        seg.base_offset,
-                                        a.id.clone(),
-                                    ))
-                            })
-                            .min_by_key(|a| (load.get(a.id.as_str()).copied().unwrap_or(0), a.id.clone()));
-                        let Some(with) = with else { continue };
-                        return Some(Repair {
-                            topic: t.name.clone(),
-                            topic_id: t.id,
-                            partition: p as u32,
-                            segment: seg.base_offset,
-                            segment_epoch: seg.epoch,
-                            gone: gone.map(|(_, a)| a.clone()),
-                            with: with.id.clone(),
-                            with_addr: with.addr.clone(),
-                            with_instance: with.instance.clone(),
-                        });
-                    }
-                }
-            }
-            None
-        })
+        let failed_lately = |topic: &str, partition: u32, segment: u64, agent: &str| {
+            failures.contains_key(&(topic.to_string(), partition, segment, agent.to_string()))
+        };
+        self.inner.metadata.read_local(|s| crate::placement::repair_candidate(s, me, after, failed_lately))
     }
 }
