@@ -179,7 +179,7 @@ impl SealedSummary {
         if let Some(e) = ensemble {
             let end = self.base_offset + self.record_count;
             let followers = e.settle(end, SETTLE_AT_SEAL).await;
-            if followers.len() + 1 < e.size() {
+            if followers.len() + 1 < e.recorded() {
                 self.replicas = Some(std::iter::once(me.to_string()).chain(followers).collect());
             }
         }
@@ -542,7 +542,8 @@ impl PartitionWriter {
     fn start_ensemble(&mut self, base: u64) {
         let me = self.config.agent_id.clone();
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
-        let followers: Vec<(String, String)> = self.metadata.read_local(|s| {
+        let r = self.config.replication_factor.max(1);
+        let (followers, recorded): (Vec<(String, String)>, Option<usize>) = self.metadata.read_local(|s| {
             let Some(seg) = s
                 .topics
                 .get(&topic)
@@ -550,20 +551,23 @@ impl PartitionWriter {
                 .and_then(|p| p.open_segment())
                 .filter(|seg| seg.base_offset == base)
             else {
-                return Vec::new();
+                return (Vec::new(), None);
             };
-            seg.ensemble
+            let followers = seg
+                .ensemble
                 .iter()
                 .filter(|a| **a != me)
                 .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))
-                .collect()
+                .collect();
+            (followers, Some(seg.ensemble.len()))
         });
         if followers.len() + 1 < self.config.write_quorum {
-            // Another writer sealed it meanwhile, or metadata forgot a member: every write
-            // fails for want of acknowledgements, and the writer ends.
+            // A stale copy, another writer that sealed the segment meanwhile, or a member
+            // metadata forgot: every write fails for want of acknowledgements until the next
+            // writer recovers the segment (an idle writer opens another one first).
             warn!(topic = %topic, partition, segment = base, followers = followers.len(),
-                write_quorum = self.config.write_quorum,
-                "metadata names fewer followers of the open segment than the write quorum needs");
+                found = recorded.is_some(), write_quorum = self.config.write_quorum,
+                "this agent's copy of metadata names fewer followers of the segment it opened than the write quorum needs");
         }
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
@@ -577,6 +581,7 @@ impl PartitionWriter {
             self.config.partition,
             target,
             followers,
+            recorded.unwrap_or(r),
             self.config.write_quorum,
         ));
     }
@@ -1200,5 +1205,30 @@ impl PartitionWriter {
             })
             .await
             .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A seal names only the members that hold the segment whole: the writer alone when it
+    /// streamed to none of the followers metadata recorded (its copy of metadata named none).
+    #[tokio::test]
+    async fn a_seal_names_the_writer_alone_when_it_streamed_to_no_recorded_follower() {
+        let peers = Peers::new("w");
+        let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
+        let summary = SealedSummary {
+            base_offset: 0,
+            record_count: 10,
+            size_bytes: 100,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            replicas: None,
+        };
+        let e = Ensemble::start(&peers, "t", 0, target.clone(), Vec::new(), 3, 1);
+        assert_eq!(summary.clone().held_by("w", Some(&e)).await.replicas, Some(vec!["w".to_string()]));
+        let e = Ensemble::start(&peers, "t", 0, target, Vec::new(), 1, 1);
+        assert_eq!(summary.held_by("w", Some(&e)).await.replicas, None, "R=1: the writer holds it whole");
     }
 }

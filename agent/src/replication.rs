@@ -84,6 +84,9 @@ pub struct Ensemble {
     followers: Vec<Follower>,
     /// Follower acknowledgements a group needs besides the writer's own fsync (W - 1).
     needed: usize,
+    /// Members metadata records for the segment, the writer included: a seal names fewer
+    /// holders when fewer hold it whole.
+    recorded: usize,
     started: Instant,
     /// Woken when a follower acknowledges or fails.
     changed: Arc<Notify>,
@@ -100,13 +103,15 @@ impl std::fmt::Debug for Ensemble {
 }
 
 impl Ensemble {
-    /// Starts streaming to `followers` (agent id and address) the segment `target` names.
+    /// Starts streaming to `followers` (agent id and address) the segment `target` names, whose
+    /// ensemble in metadata has `recorded` members, the writer included.
     pub fn start(
         peers: &Peers,
         topic: &str,
         partition: u32,
         target: ReplicaTarget,
         followers: Vec<(String, String)>,
+        recorded: usize,
         write_quorum: usize,
     ) -> Ensemble {
         let started = Instant::now();
@@ -136,7 +141,7 @@ impl Ensemble {
                 Follower { agent, tx, state, task }
             })
             .collect();
-        Ensemble { base, followers, needed: write_quorum.saturating_sub(1), started, changed }
+        Ensemble { base, followers, needed: write_quorum.saturating_sub(1), recorded, started, changed }
     }
 
     /// Sends a group of batches (ending at `end`) to every follower still in the ensemble and
@@ -207,6 +212,12 @@ impl Ensemble {
     /// Replicas of the segment: the writer and its followers.
     pub fn size(&self) -> usize {
         self.followers.len() + 1
+    }
+
+    /// Members metadata records for the segment, the writer included (more than
+    /// [`size`](Self::size) when the writer's copy of metadata named fewer followers).
+    pub fn recorded(&self) -> usize {
+        self.recorded.max(self.size())
     }
 
     /// Waits (up to `timeout`) until every follower still in the ensemble has acknowledged
@@ -327,13 +338,13 @@ mod tests {
         for (followers, w) in [(0, 2), (0, 3)] {
             let followers: Vec<(String, String)> =
                 (0..followers).map(|i| (format!("f{i}"), "127.0.0.1:9".to_string())).collect();
-            let e = Ensemble::start(&peers, "t", 0, target.clone(), followers.clone(), w);
+            let e = Ensemble::start(&peers, "t", 0, target.clone(), followers.clone(), 3, w);
             match e.replicate(&[], 10, 0).await {
                 Err(StoreError::NotEnoughReplicas(_)) => {}
                 other => panic!("{} followers, W={w}: {other:?}", followers.len()),
             }
         }
-        let e = Ensemble::start(&peers, "t", 0, target, Vec::new(), 1);
+        let e = Ensemble::start(&peers, "t", 0, target, Vec::new(), 3, 1);
         assert!(e.replicate(&[], 10, 0).await.is_ok(), "W=1 needs no follower");
     }
 }
