@@ -368,6 +368,13 @@ mod tests {
         }
 
         #[test]
+        fn a_member_metadata_forgot_is_replaced_at_once() {
+            let mut s = cluster(3, &["a1", "a2", "a3"], "a1");
+            s.agents.remove("a2");
+            assert_eq!(chosen(&s, "a1"), some(Some("a2"), "a4"));
+        }
+
+        #[test]
         fn a_segment_sealed_short_of_members_gets_one_more_never_from_the_writer() {
             let s = cluster(3, &["a1", "a2"], "a1");
             assert_eq!(chosen(&s, "a1"), some(None, "a3"));

@@ -67,19 +67,157 @@ impl Default for TopicConfig {
     }
 }
 
-/// The config names `TopicConfig::set` accepts, for help texts and errors.
-pub const TOPIC_CONFIG_NAMES: &[&str] = &[
-    "segment.bytes",
-    "segment.ms",
-    "retention.ms",
-    "local.retention.ms",
-    "local.retention.bytes",
-    "max.message.bytes",
-    "visibility.timeout.ms",
-    "max.deliveries",
-    "replication.factor",
-    "min.insync.replicas",
+/// One topic config, described once: its Kafka-style name, what it means, the values it
+/// takes, whether it can change after creation, and where it lives in [`TopicConfig`]. Parsing,
+/// bounds and their errors, `describe` and `alter`'s rules all come from [`TOPIC_CONFIGS`].
+pub struct ConfigSpec {
+    /// Kafka-style name.
+    pub name: &'static str,
+    /// What it does, for help texts.
+    pub meaning: &'static str,
+    /// Smallest value accepted.
+    pub min: u64,
+    /// Largest value accepted.
+    pub max: u64,
+    /// What `-1` means, where it is accepted (the config is then unset).
+    pub minus_one: Option<&'static str>,
+    /// Whether `alter` may change it after the topic is created.
+    pub alterable: bool,
+    /// The value in effect (`None` for `-1`).
+    get: fn(&TopicConfig) -> Option<u64>,
+    /// Sets the value, already checked against the bounds.
+    put: fn(&mut TopicConfig, Option<u64>),
+}
+
+/// Every topic config.
+pub const TOPIC_CONFIGS: &[ConfigSpec] = &[
+    ConfigSpec {
+        name: "segment.bytes",
+        meaning: "roll the active segment when it would grow past this many bytes",
+        min: 4096,
+        max: 1 << 31,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(c.segment_bytes),
+        put: |c, v| c.segment_bytes = v.unwrap_or_default(),
+    },
+    ConfigSpec {
+        name: "segment.ms",
+        meaning: "roll the active segment when its first record is this old",
+        min: 100,
+        max: u64::MAX,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(c.segment_ms),
+        put: |c, v| c.segment_ms = v.unwrap_or_default(),
+    },
+    ConfigSpec {
+        name: "retention.ms",
+        meaning: "delete archived data older than this",
+        min: 0,
+        max: u64::MAX,
+        minus_one: Some("keep it forever"),
+        alterable: true,
+        get: |c| c.retention_ms,
+        put: |c, v| c.retention_ms = v,
+    },
+    ConfigSpec {
+        name: "local.retention.ms",
+        meaning: "keep an agent's copy of an archived segment this long after it was archived",
+        min: 0,
+        max: u64::MAX,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(c.local_retention_ms),
+        put: |c, v| c.local_retention_ms = v.unwrap_or_default(),
+    },
+    ConfigSpec {
+        name: "local.retention.bytes",
+        meaning: "keep at most this many bytes of archived segments on an agent, per partition",
+        min: 0,
+        max: u64::MAX,
+        minus_one: Some("no limit"),
+        alterable: true,
+        get: |c| c.local_retention_bytes,
+        put: |c, v| c.local_retention_bytes = v,
+    },
+    ConfigSpec {
+        name: "max.message.bytes",
+        meaning: "largest record batch a producer may send",
+        min: 1,
+        max: MAX_MESSAGE_BYTES_LIMIT,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(c.max_message_bytes),
+        put: |c, v| c.max_message_bytes = v.unwrap_or_default(),
+    },
+    ConfigSpec {
+        name: "visibility.timeout.ms",
+        meaning: "deliver an unacknowledged message again after this long",
+        min: 100,
+        max: 12 * 3600 * 1000,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(c.visibility_timeout_ms),
+        put: |c, v| c.visibility_timeout_ms = v.unwrap_or_default(),
+    },
+    ConfigSpec {
+        name: "max.deliveries",
+        meaning: "after this many deliveries without an ack a message moves to <topic>.dlq",
+        min: 1,
+        max: 1000,
+        minus_one: None,
+        alterable: true,
+        get: |c| Some(u64::from(c.max_deliveries)),
+        put: |c, v| c.max_deliveries = v.unwrap_or_default() as u32,
+    },
+    ConfigSpec {
+        name: "replication.factor",
+        meaning: "agents holding a replica of each segment (R)",
+        min: 1,
+        max: REPLICATION_FACTOR_MAX as u64,
+        minus_one: None,
+        alterable: false,
+        get: |c| Some(u64::from(c.replication_factor)),
+        put: |c, v| c.replication_factor = v.unwrap_or_default() as u32,
+    },
+    ConfigSpec {
+        name: "min.insync.replicas",
+        meaning: "replicas, the writer's own included, that must have fsynced a batch before it is acknowledged (W)",
+        min: 1,
+        max: REPLICATION_FACTOR_MAX as u64,
+        minus_one: Some("a majority of replication.factor"),
+        alterable: false,
+        // The value in effect: a majority unless set.
+        get: |c| Some(c.write_quorum() as u64),
+        put: |c, v| c.min_insync_replicas = v.map(|v| v as u32),
+    },
 ];
+
+impl ConfigSpec {
+    /// The spec of the config called `name`.
+    pub fn named(name: &str) -> Option<&'static ConfigSpec> {
+        TOPIC_CONFIGS.iter().find(|c| c.name == name)
+    }
+
+    /// The value in effect in `config`, as `describe` shows it.
+    pub fn shown(&self, config: &TopicConfig) -> String {
+        (self.get)(config).map_or("-1".to_string(), |v| v.to_string())
+    }
+
+    /// The values it takes, in words.
+    pub fn bounds(&self) -> String {
+        let range = match (self.min, self.max) {
+            (0, u64::MAX) => "a non-negative integer".to_string(),
+            (min, u64::MAX) => format!("at least {min}"),
+            (min, max) => format!("between {min} and {max}"),
+        };
+        match self.minus_one {
+            Some(meaning) => format!("{range}, or -1 ({meaning})"),
+            None => range,
+        }
+    }
+}
 
 impl TopicConfig {
     /// Builds a config from defaults overridden by `overrides`, validating every entry.
@@ -105,17 +243,14 @@ impl TopicConfig {
         for (name, value) in changes {
             config.set(name, value)?;
         }
-        if config.replication_factor != self.replication_factor {
-            return Err(MetadataError::InvalidConfig(format!(
-                "replication.factor cannot be altered after creation (it is {}): create a new topic",
-                self.replication_factor
-            )));
-        }
-        if config.write_quorum() != self.write_quorum() {
-            return Err(MetadataError::InvalidConfig(format!(
-                "min.insync.replicas cannot be altered after creation (it is {}): create a new topic",
-                self.write_quorum()
-            )));
+        for spec in TOPIC_CONFIGS.iter().filter(|c| !c.alterable) {
+            if (spec.get)(&config) != (spec.get)(self) {
+                return Err(MetadataError::InvalidConfig(format!(
+                    "{} cannot be altered after creation (it is {}): create a new topic",
+                    spec.name,
+                    spec.shown(self)
+                )));
+            }
         }
         config.validate()?;
         Ok(config)
@@ -140,102 +275,34 @@ impl TopicConfig {
         self.min_insync_replicas.unwrap_or(self.replication_factor / 2 + 1) as usize
     }
 
-    /// Sets one config by its Kafka-style name.
+    /// Sets one config by its Kafka-style name, within its bounds ([`TOPIC_CONFIGS`]).
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), MetadataError> {
-        let invalid = |why: &str| MetadataError::InvalidConfig(format!("{name}={value}: {why}"));
-        let number = || -> Result<u64, MetadataError> {
-            value.trim().parse::<u64>().map_err(|_| invalid("expected a non-negative integer"))
+        let Some(spec) = ConfigSpec::named(name) else {
+            let known: Vec<&str> = TOPIC_CONFIGS.iter().map(|c| c.name).collect();
+            return Err(MetadataError::InvalidConfig(format!(
+                "unknown topic config '{name}'; known configs: {}",
+                known.join(", ")
+            )));
         };
-        match name {
-            "segment.bytes" => {
-                let v = number()?;
-                if !(4096..=(1u64 << 31)).contains(&v) {
-                    return Err(invalid("must be between 4096 and 2147483648"));
-                }
-                self.segment_bytes = v;
+        let invalid = || MetadataError::InvalidConfig(format!("{name}={value}: must be {}", spec.bounds()));
+        let value = value.trim();
+        let v = if value == "-1" && spec.minus_one.is_some() {
+            None
+        } else {
+            let v = value.parse::<u64>().map_err(|_| invalid())?;
+            if !(spec.min..=spec.max).contains(&v) {
+                return Err(invalid());
             }
-            "segment.ms" => {
-                let v = number()?;
-                if v < 100 {
-                    return Err(invalid("must be at least 100"));
-                }
-                self.segment_ms = v;
-            }
-            "retention.ms" => {
-                self.retention_ms = if value.trim() == "-1" { None } else { Some(number()?) };
-            }
-            "local.retention.ms" => self.local_retention_ms = number()?,
-            "local.retention.bytes" => {
-                self.local_retention_bytes = if value.trim() == "-1" { None } else { Some(number()?) };
-            }
-            "max.message.bytes" => {
-                let v = number()?;
-                if !(1..=MAX_MESSAGE_BYTES_LIMIT).contains(&v) {
-                    return Err(invalid(&format!("must be between 1 and {MAX_MESSAGE_BYTES_LIMIT}")));
-                }
-                self.max_message_bytes = v;
-            }
-            "visibility.timeout.ms" => {
-                let v = number()?;
-                if !(100..=12 * 3600 * 1000).contains(&v) {
-                    return Err(invalid("must be between 100 and 43200000 (12 hours)"));
-                }
-                self.visibility_timeout_ms = v;
-            }
-            "max.deliveries" => {
-                let v = number()?;
-                if !(1..=1000).contains(&v) {
-                    return Err(invalid("must be between 1 and 1000"));
-                }
-                self.max_deliveries = v as u32;
-            }
-            "replication.factor" => {
-                let v = number()?;
-                if !(1..=u64::from(REPLICATION_FACTOR_MAX)).contains(&v) {
-                    return Err(invalid(&format!("must be between 1 and {REPLICATION_FACTOR_MAX}")));
-                }
-                self.replication_factor = v as u32;
-            }
-            "min.insync.replicas" => {
-                self.min_insync_replicas = if value.trim() == "-1" {
-                    None
-                } else {
-                    let v = number()?;
-                    if !(1..=u64::from(REPLICATION_FACTOR_MAX)).contains(&v) {
-                        return Err(invalid(&format!(
-                            "must be between 1 and {REPLICATION_FACTOR_MAX} (or -1 for a majority of replication.factor)"
-                        )));
-                    }
-                    Some(v as u32)
-                };
-            }
-            _ => {
-                return Err(MetadataError::InvalidConfig(format!(
-                    "unknown topic config '{name}'; known configs: {}",
-                    TOPIC_CONFIG_NAMES.join(", ")
-                )))
-            }
-        }
+            Some(v)
+        };
+        (spec.put)(self, v);
         Ok(())
     }
 
-    /// The config as Kafka-style name/value pairs, as `describe` shows it.
+    /// The config as Kafka-style name/value pairs, as `describe` shows it: the values in
+    /// effect (`min.insync.replicas` a majority of `replication.factor` unless set).
     pub fn to_named(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        m.insert("segment.bytes".into(), self.segment_bytes.to_string());
-        m.insert("segment.ms".into(), self.segment_ms.to_string());
-        m.insert("retention.ms".into(), self.retention_ms.map_or("-1".to_string(), |v| v.to_string()));
-        m.insert("local.retention.ms".into(), self.local_retention_ms.to_string());
-        m.insert(
-            "local.retention.bytes".into(),
-            self.local_retention_bytes.map_or("-1".to_string(), |v| v.to_string()),
-        );
-        m.insert("max.message.bytes".into(), self.max_message_bytes.to_string());
-        m.insert("visibility.timeout.ms".into(), self.visibility_timeout_ms.to_string());
-        m.insert("max.deliveries".into(), self.max_deliveries.to_string());
-        m.insert("replication.factor".into(), self.replication_factor.to_string());
-        m.insert("min.insync.replicas".into(), self.write_quorum().to_string());
-        m
+        TOPIC_CONFIGS.iter().map(|c| (c.name.to_string(), c.shown(self))).collect()
     }
 }
 
@@ -284,5 +351,85 @@ mod tests {
         assert!(e.contains("more than replication.factor=3"), "{e}");
         assert!(quorum("0", None).is_err());
         assert!(quorum("8", None).is_err());
+    }
+
+    /// Every config takes its bounds and refuses one past them, changing nothing; -1 only
+    /// where it means something; every default is within bounds; describe shows what was set.
+    #[test]
+    fn every_config_takes_the_values_its_spec_names_and_no_other() {
+        let default = TopicConfig::default();
+        for spec in TOPIC_CONFIGS {
+            let name = spec.name;
+            let shown = spec.shown(&default);
+            assert!(
+                shown == "-1" && spec.minus_one.is_some()
+                    || shown.parse::<u64>().is_ok_and(|v| (spec.min..=spec.max).contains(&v)),
+                "{name}'s default {shown}"
+            );
+            for v in [spec.min, spec.max] {
+                let mut c = TopicConfig::default();
+                c.set(name, &v.to_string()).unwrap_or_else(|e| panic!("{name}={v}: {e}"));
+                assert_eq!(c.to_named()[name], v.to_string(), "{name}={v}");
+            }
+            let refused: Vec<String> = [
+                spec.min.checked_sub(1).map(|v| v.to_string()),
+                spec.max.checked_add(1).map(|v| v.to_string()),
+                Some("x".into()),
+                Some("1.5".into()),
+                spec.minus_one.is_none().then(|| "-1".into()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            for v in refused {
+                let mut c = TopicConfig::default();
+                let e = c.set(name, &v).expect_err(&format!("{name}={v}")).to_string();
+                assert!(e.contains(&format!("{name}={v}: must be {}", spec.bounds())), "{e}");
+                assert_eq!(c, default, "{name}={v} changed nothing");
+            }
+            if spec.minus_one.is_some() {
+                let mut c = TopicConfig::default();
+                c.set(name, "-1").unwrap();
+                assert_eq!(
+                    TopicConfig::from_overrides(&c.to_named()).unwrap().to_named()[name],
+                    spec.shown(&c)
+                );
+            }
+        }
+    }
+
+    /// `alter` refuses a change of exactly the configs that are not alterable.
+    #[test]
+    fn alter_changes_every_alterable_config_and_refuses_the_others() {
+        let created = TopicConfig::from_overrides(&BTreeMap::from([(
+            "replication.factor".to_string(),
+            "3".to_string(),
+        )]))
+        .unwrap();
+        for spec in TOPIC_CONFIGS {
+            let now: u64 = spec.shown(&created).parse().unwrap_or(spec.min);
+            let other = if now < spec.max && spec.name != "min.insync.replicas" { now + 1 } else { now - 1 };
+            let change = BTreeMap::from([(spec.name.to_string(), other.to_string())]);
+            match created.altered(&change) {
+                Ok(c) => {
+                    assert!(spec.alterable, "{} was altered", spec.name);
+                    assert_eq!(c.to_named()[spec.name], other.to_string());
+                }
+                Err(e) => {
+                    assert!(!spec.alterable, "{}: {e}", spec.name);
+                    assert!(e.to_string().contains("cannot be altered after creation"), "{e}");
+                }
+            }
+        }
+    }
+
+    /// docs/api.md's table of configs names every config with its default.
+    #[test]
+    fn the_api_docs_list_every_config() {
+        let docs = include_str!("../../docs/api.md");
+        for spec in TOPIC_CONFIGS {
+            let row = format!("| `{}` | ", spec.name);
+            assert!(docs.contains(&row), "docs/api.md has no row for {}", spec.name);
+        }
     }
 }
