@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use silt_agent::partition_log::PartitionLog;
+use silt_agent::log::partition_log::PartitionLog;
 use silt_record::{BatchBuilder, NewRecord, RecordBatch};
 
 const RECORDS_PER_BATCH: usize = 64;

@@ -1,10 +1,9 @@
-//! Errors of the agent: storage errors inside, and the stable API error at the edge.
+//! Errors of the agent: storage errors inside, and the stable API error at the edge (its HTTP
+//! status is the API's business: `crate::api`).
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use silt_metadata::MetadataError;
 
@@ -24,7 +23,7 @@ pub enum StoreError {
     /// A read failed.
     #[error("reading the log: {0}")]
     Read(io::Error),
-    /// fsync failed. What it was to cover is cut off the file (see [`crate::disk`]); the log is
+    /// fsync failed. What it was to cover is cut off the file (see [`crate::log::disk`]); the log is
     /// opened again before it takes writes.
     #[error("fsync of {path} failed: {source}; what it was to make durable is dropped")]
     FsyncFailed {
@@ -119,7 +118,7 @@ impl StoreError {
 pub enum ErrorCode {
     /// Stored data failed its checks; it is not served.
     CorruptData,
-    /// An fsync of the partition's log failed on this agent (see [`crate::disk`]).
+    /// An fsync of the partition's log failed on this agent (see [`crate::log::disk`]).
     DiskFailed,
     /// The request holds nothing to do.
     EmptyRequest,
@@ -270,12 +269,11 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// The error a client sees: an HTTP status, a stable code and a sentence to act on.
+/// The error a client sees: a stable code and a sentence to act on. The API answers it with
+/// the HTTP status of its code (`crate::api`).
 #[derive(Debug, Clone, Serialize, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ApiError {
-    #[serde(skip)]
-    status: u16,
     /// Stable, machine-readable code.
     pub code: ErrorCode,
     /// What went wrong and what to do.
@@ -283,29 +281,17 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with an explicit status.
-    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
-        ApiError { status: status.as_u16(), code, message: message.into() }
+    /// An error with its code.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError { code, message: message.into() }
     }
-    /// 400 with a code.
-    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, message)
-    }
-    /// 404 with a code.
-    pub fn not_found(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, code, message)
-    }
-    /// 503: try again later.
+    /// Try again later.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, message)
+        Self::new(ErrorCode::Unavailable, message)
     }
-    /// 500: a fault of this agent's, not of the request.
+    /// A fault of this agent's, not of the request.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, message)
-    }
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        Self::new(ErrorCode::Internal, message)
     }
 }
 
@@ -313,15 +299,13 @@ impl From<MetadataError> for ApiError {
     fn from(e: MetadataError) -> Self {
         let msg = e.to_string();
         match e {
-            MetadataError::UnknownTopic(_) => ApiError::not_found(ErrorCode::UnknownTopic, msg),
-            MetadataError::UnknownPartition { .. } => ApiError::not_found(ErrorCode::UnknownPartition, msg),
-            MetadataError::UnknownGroup(_) => ApiError::not_found(ErrorCode::UnknownGroup, msg),
-            MetadataError::TopicExists(_) => ApiError::new(StatusCode::CONFLICT, ErrorCode::TopicExists, msg),
-            MetadataError::GroupModeMismatch { .. } => {
-                ApiError::new(StatusCode::CONFLICT, ErrorCode::GroupModeMismatch, msg)
-            }
-            MetadataError::InvalidConfig(_) => ApiError::bad_request(ErrorCode::InvalidConfig, msg),
-            MetadataError::InvalidArgument(_) => ApiError::bad_request(ErrorCode::InvalidArgument, msg),
+            MetadataError::UnknownTopic(_) => ApiError::new(ErrorCode::UnknownTopic, msg),
+            MetadataError::UnknownPartition { .. } => ApiError::new(ErrorCode::UnknownPartition, msg),
+            MetadataError::UnknownGroup(_) => ApiError::new(ErrorCode::UnknownGroup, msg),
+            MetadataError::TopicExists(_) => ApiError::new(ErrorCode::TopicExists, msg),
+            MetadataError::GroupModeMismatch { .. } => ApiError::new(ErrorCode::GroupModeMismatch, msg),
+            MetadataError::InvalidConfig(_) => ApiError::new(ErrorCode::InvalidConfig, msg),
+            MetadataError::InvalidArgument(_) => ApiError::new(ErrorCode::InvalidArgument, msg),
             MetadataError::Fenced { .. } => {
                 ApiError::unavailable(format!("{msg}; the partition changed writer, retry"))
             }
@@ -336,39 +320,16 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Metadata(m) => m.into(),
-            StoreError::CorruptRead { .. } => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::CorruptData, e.to_string())
-            }
+            StoreError::CorruptRead { .. } => ApiError::new(ErrorCode::CorruptData, e.to_string()),
             StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) | StoreError::NotCached => {
                 ApiError::unavailable(e.to_string())
             }
-            StoreError::Fenced { .. } => {
-                ApiError::new(StatusCode::CONFLICT, ErrorCode::Fenced, e.to_string())
-            }
-            StoreError::Diverged(_) => {
-                ApiError::new(StatusCode::CONFLICT, ErrorCode::ReplicaDiverged, e.to_string())
-            }
-            StoreError::OutOfRange { .. } => {
-                ApiError::bad_request(ErrorCode::OffsetOutOfRange, e.to_string())
-            }
-            StoreError::DiskDistrusted { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::DiskFailed, e.to_string())
-            }
-            other => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::StorageError, other.to_string())
-            }
+            StoreError::Fenced { .. } => ApiError::new(ErrorCode::Fenced, e.to_string()),
+            StoreError::Diverged(_) => ApiError::new(ErrorCode::ReplicaDiverged, e.to_string()),
+            StoreError::OutOfRange { .. } => ApiError::new(ErrorCode::OffsetOutOfRange, e.to_string()),
+            StoreError::DiskDistrusted { .. } => ApiError::new(ErrorCode::DiskFailed, e.to_string()),
+            other => ApiError::new(ErrorCode::StorageError, other.to_string()),
         }
-    }
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a ApiError,
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status(), axum::Json(ErrorBody { error: &self })).into_response()
     }
 }
 

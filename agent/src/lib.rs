@@ -1,30 +1,32 @@
 //! The Silt agent: a stateless broker.
 //!
-//! Owns the client API ([`api`]: produce, poll, ack, replay, admin), the writers of the
-//! partitions it leads ([`partition_writer`]) and the local segment store
-//! ([`partition_log`], [`segment`]): Kafka RecordBatch v2 batches in segment files with sparse
-//! offset and time indexes, group-committed and acknowledged only after fsync.
-//! Consumer-group delivery state lives in memory ([`group_cursor`]) and is checkpointed to
-//! metadata; everything here can be rebuilt from the local logs and metadata.
+//! Layers, each using only the ones above it in this list:
+//! - [`limits`], [`error`], [`metrics`]: bounds, error codes, gauges.
+//! - [`log`]: the local segment store, disk only: segments of Kafka RecordBatch v2 batches
+//!   with sparse offset and time indexes, a partition's chain of them, the follower's replicas
+//!   and fence, and the fsync seam ([`log::disk`]).
+//! - [`transport`]: the [`transport::Peer`] trait through which an agent reaches another one,
+//!   its wire types, an HTTP implementation and an in-memory one.
+//! - [`replication`]: the partition writer (an actor that group-commits appends and streams
+//!   them to the open segment's ensemble), and the decisions of placement and recovery, which
+//!   do no I/O.
+//! - [`agent`]: the [`Agent`] facade, a file per concern (writers and their supervisor, topics,
+//!   produce, reads, the follower's side, repair, consumer groups).
+//! - [`api`]: the public HTTP routes and the internal ones other agents call.
 //!
-//! It never keeps state that metadata and the logs cannot rebuild. It talks to the metadata
-//! service ([`silt_metadata::MetadataNode`]) and to clients.
+//! It never keeps state that metadata and the logs cannot rebuild. Consumer-group delivery
+//! state lives in memory ([`group_cursor`]) and is checkpointed to metadata
+//! ([`silt_metadata::MetadataNode`]).
 
 pub mod agent;
 pub mod api;
-pub mod disk;
 pub mod error;
 pub mod group_cursor;
 pub mod limits;
+pub mod log;
 pub mod metrics;
-pub mod partition_log;
-pub mod partition_writer;
-pub mod peer;
-mod placement;
-mod recovery;
-pub mod replica;
 pub mod replication;
-pub mod segment;
+pub mod transport;
 
 pub use agent::{Agent, AgentConfig, Archive};
 pub use error::{ApiError, StoreError};

@@ -47,7 +47,7 @@ pub(crate) fn read_bytes_default() -> usize {
 /// Refuses a `max_bytes` outside 1..=[`READ_BYTES_MAX`].
 pub fn check_max_bytes(max_bytes: usize) -> Result<(), ApiError> {
     if max_bytes == 0 || max_bytes > READ_BYTES_MAX {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::new(
             ErrorCode::InvalidMaxBytes,
             format!("max_bytes must be between 1 and {READ_BYTES_MAX}, got {max_bytes}"),
         ));

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use futures::TryStreamExt;
 use serde::Serialize;
-use silt_agent::partition_log::segment_ranges_held;
+use silt_agent::log::partition_log::segment_ranges_held;
 use silt_metadata::clock::{Clock, SystemClock};
 use silt_metadata::{Command, MetadataNode, TopicConfig};
 use silt_tiering::archive_format::{read_archive_meta, ArchiveMeta};

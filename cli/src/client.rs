@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-pub use silt_agent::peer::RecordPage;
+pub use silt_agent::transport::RecordPage;
 
 /// Errors the client returns.
 #[derive(Debug, thiserror::Error)]
@@ -331,7 +331,7 @@ impl Client {
             .send(
                 self.http
                     .post(self.url(&format!("/v1/topics/{topic}/partitions/{partition}/batches")))
-                    .header("content-type", silt_agent::peer::RECORD_BATCHES_TYPE)
+                    .header("content-type", silt_agent::transport::RECORD_BATCHES_TYPE)
                     .body(batch),
             )
             .await?;

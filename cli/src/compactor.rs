@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::routing::get;
 use silt_agent::limits::{ReadLimit, READ_BYTES_DEFAULT};
-use silt_agent::peer::Peers;
+use silt_agent::transport::{HttpPeers, Peer};
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig, SegmentSource};
 use silt_metadata::{Metadata, MetadataClient, RemoteMetadata};
@@ -44,7 +44,7 @@ pub struct CompactorProcessConfig {
 /// Reads sealed segments from the agents that write their partitions.
 struct AgentsOverHttp {
     metadata: Metadata,
-    peers: Peers,
+    peers: HttpPeers,
 }
 
 #[async_trait::async_trait]
@@ -144,7 +144,7 @@ pub async fn run(config: CompactorProcessConfig) -> Result<()> {
         metadata.clone(),
         Arc::clone(&store),
         prefix.clone(),
-        Arc::new(AgentsOverHttp { metadata: metadata.clone(), peers: Peers::new("compactor") }),
+        Arc::new(AgentsOverHttp { metadata: metadata.clone(), peers: HttpPeers::new("compactor") }),
         Arc::clone(&metrics),
     );
 

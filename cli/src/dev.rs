@@ -27,7 +27,7 @@ use crate::data_dir::{default_object_store_url, lock_data_dir};
 pub const FAULTS_ENV: &str = "SILT_TEST_OBJECT_STORE_FAULTS";
 
 /// Environment variable that makes fsyncs of the agent's files fail, for tests only:
-/// `<path part>:<skip>:<count>`, several separated by `;` (see `silt_agent::disk`).
+/// `<path part>:<skip>:<count>`, several separated by `;` (see `silt_agent::log::disk`).
 pub const FSYNC_FAULTS_ENV: &str = "SILT_TEST_FSYNC_FAULTS";
 
 /// What `silt dev` runs with.
@@ -232,7 +232,7 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
     let url = config.object_store.clone();
     let (store, store_stats, prefix) = open_archive(&url)?;
     if let Ok(spec) = std::env::var(FSYNC_FAULTS_ENV) {
-        silt_agent::disk::inject_fsync_errors_from_spec(&spec)
+        silt_agent::log::disk::inject_fsync_errors_from_spec(&spec)
             .map_err(|e| anyhow::anyhow!("invalid {FSYNC_FAULTS_ENV}='{spec}': {e}"))?;
         warn!(%spec, "injecting fsync errors (testing only)");
     }

@@ -171,7 +171,7 @@ impl Agent {
             })
             .and_then(|s| s.last_offset)
             .ok_or_else(|| {
-                ApiError::bad_request(
+                ApiError::new(
                     ErrorCode::InvalidArgument,
                     format!("{topic}/{partition} has no sealed segment at offset {} to copy", target.segment),
                 )
@@ -280,7 +280,7 @@ impl Agent {
         if let Some(b) =
             batches.iter().find(|b| i64::from(b.partition_leader_epoch()) != target.segment_epoch as i64)
         {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidRecordBatch,
                 format!(
                     "batch at offset {} carries epoch {}, not the segment's {}",

@@ -7,20 +7,20 @@ impl Agent {
     /// Long-polls for messages on behalf of a group member.
     pub async fn poll(&self, req: PollRequest) -> Result<Vec<Delivered>, ApiError> {
         if req.max == 0 || req.max > POLL_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidMax,
                 format!("max must be between 1 and {POLL_MAX}, got {}", req.max),
             ));
         }
         check_max_bytes(req.max_bytes)?;
         if req.timeout > POLL_TIMEOUT_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidTimeout,
                 format!("timeout may be at most {}s", POLL_TIMEOUT_MAX.as_secs()),
             ));
         }
         if req.session_timeout < Duration::from_secs(1) || req.session_timeout > SESSION_TIMEOUT_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidSessionTimeout,
                 format!("session timeout must be between 1s and {}s", SESSION_TIMEOUT_MAX.as_secs()),
             ));
@@ -119,13 +119,13 @@ impl Agent {
         ask: CollectRequest,
     ) -> Result<Vec<WireRecord>, ApiError> {
         if ask.max == 0 || ask.max > POLL_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidMax,
                 format!("max must be between 1 and {POLL_MAX}"),
             ));
         }
         if ask.max_bytes > READ_BYTES_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidMaxBytes,
                 format!("max_bytes may be at most {READ_BYTES_MAX}"),
             ));
@@ -391,7 +391,7 @@ impl Agent {
         forwarded: bool,
     ) -> Result<usize, ApiError> {
         if ids.is_empty() || ids.len() > ACK_IDS_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::InvalidAck,
                 format!("an ack request needs between 1 and {ACK_IDS_MAX} ids"),
             ));
@@ -400,7 +400,7 @@ impl Agent {
         let mut by_partition: BTreeMap<(String, u32), Vec<(u64, &String)>> = BTreeMap::new();
         for id in ids {
             let parsed: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
-                ApiError::bad_request(ErrorCode::InvalidId, e.to_string())
+                ApiError::new(ErrorCode::InvalidId, e.to_string())
             })?;
             by_partition.entry((parsed.topic, parsed.partition)).or_default().push((parsed.offset, id));
         }
@@ -455,7 +455,7 @@ impl Agent {
                     });
                     if !acked_before {
                         let id = MessageId { topic: topic.clone(), partition: *partition, offset: *offset };
-                        return Err(ApiError::bad_request(
+                        return Err(ApiError::new(
                             ErrorCode::NotDelivered,
                             format!("message {id} was never delivered to group '{group}'; only delivered messages can be acknowledged"),
                         ));

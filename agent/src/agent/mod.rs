@@ -40,14 +40,14 @@ use crate::limits::{
     check_max_bytes, ReadLimit, ACK_IDS_MAX, POLL_MAX, POLL_TIMEOUT_MAX, PRODUCE_MESSAGES_MAX,
     READ_BYTES_DEFAULT, READ_BYTES_MAX, REPLICA_READ_BYTES_MAX, SESSION_TIMEOUT_MAX,
 };
+use crate::log::partition_log::{PartitionLog, PartitionReader};
+use crate::log::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
+use crate::log::segment::ReadMode;
 use crate::metrics::{ForwardLabels, LagLabels, Metrics, RepairLabels, ReplicaLabels};
-use crate::partition_log::{PartitionLog, PartitionReader};
-use crate::partition_writer::{self, PartitionHandle, WriterConfig};
-use crate::peer::{CollectRequest, Peers, ReplicaTarget, WireRecord};
-use crate::placement::Repair;
-use crate::replica::{join_batches, split_batches, trim_to_metadata, HeldSegment, Replica};
-use crate::replication::FollowerLag;
-use crate::segment::ReadMode;
+use crate::replication::ensemble::FollowerLag;
+use crate::replication::placement::Repair;
+use crate::replication::writer::{self, PartitionHandle, WriterConfig};
+use crate::transport::{CollectRequest, HttpPeers, Peers, ReplicaTarget, WireRecord};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -94,6 +94,9 @@ pub struct AgentConfig {
     pub peer_source_ip: Option<std::net::IpAddr>,
     /// The time of day commands are stamped with.
     pub clock: Arc<dyn silt_metadata::clock::Clock>,
+    /// How this agent reaches the others; `None`: over HTTP, from `peer_source_ip`. Agents in
+    /// one process may share a [`crate::transport::memory::MemoryNetwork`] instead.
+    pub peers: Option<Peers>,
 }
 
 impl AgentConfig {
@@ -108,6 +111,7 @@ impl AgentConfig {
             replica_repair_after: DEFAULT_REPLICA_REPAIR_AFTER,
             peer_source_ip: None,
             clock: Arc::new(silt_metadata::clock::SystemClock),
+            peers: None,
         }
     }
 }
@@ -281,6 +285,25 @@ pub struct Agent {
     inner: Arc<Inner>,
 }
 
+/// An agent that may be gone: what a network of agents in one process holds of each.
+#[derive(Clone)]
+pub(crate) struct WeakAgent(std::sync::Weak<Inner>);
+
+impl WeakAgent {
+    pub(crate) fn upgrade(&self) -> Option<Agent> {
+        self.0.upgrade().map(|inner| Agent { inner })
+    }
+}
+
+impl std::fmt::Debug for WeakAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.upgrade() {
+            Some(a) => write!(f, "agent {}", a.id()),
+            None => f.write_str("a dropped agent"),
+        }
+    }
+}
+
 struct Inner {
     config: AgentConfig,
     metadata: Metadata,
@@ -379,9 +402,9 @@ fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreError> {
         use std::io::Write as _;
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(id.as_bytes())?;
-        crate::disk::sync_all(&f, &tmp)?;
+        crate::log::disk::sync_all(&f, &tmp)?;
         std::fs::rename(&tmp, &path)?;
-        crate::disk::sync_all(&std::fs::File::open(data_dir)?, data_dir)
+        crate::log::disk::sync_all(&std::fs::File::open(data_dir)?, data_dir)
     };
     write().map_err(|e| StoreError::io(&path, "write", e))?;
     Ok(id)
@@ -412,11 +435,14 @@ impl Agent {
     ) -> Result<Agent, StoreError> {
         let cold = archive.as_ref().map(|a| Arc::clone(&a.cold));
         let archive_store = archive.map(|a| (a.store, a.prefix));
-        let peers = Peers::with_source_ip(&config.agent_id, config.peer_source_ip);
+        let peers = match &config.peers {
+            Some(peers) => Arc::clone(peers),
+            None => Arc::new(HttpPeers::with_source_ip(&config.agent_id, config.peer_source_ip)),
+        };
         let instance = instance_id(&config.data_dir)?;
         // Before any log is opened: bytes a killed process of this agent left in the page cache
         // only must not count as held.
-        if let Err(e) = crate::disk::sync_at_start(&config.data_dir) {
+        if let Err(e) = crate::log::disk::sync_at_start(&config.data_dir) {
             error!(error = %e, dir = %config.data_dir.display(), "syncing the data directory at start failed: this agent opens no log there until it restarts, and hands its partitions to other agents");
         }
         let agent = Agent {
@@ -576,6 +602,20 @@ impl Agent {
         self.inner.config.clock.now_ms()
     }
 
+    /// This agent's id.
+    pub fn id(&self) -> &str {
+        &self.inner.config.agent_id
+    }
+
+    /// Whether [`Agent::shutdown`] began (or the agent's cancel token was cancelled).
+    pub fn is_stopped(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakAgent {
+        WeakAgent(Arc::downgrade(&self.inner))
+    }
+
     /// The metrics registry.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
@@ -730,7 +770,6 @@ impl Agent {
         };
         let addr = self.inner.metadata.read_local(|s| s.agents.get(writer).map(|a| a.addr.clone()));
         ApiError::new(
-            axum::http::StatusCode::MISDIRECTED_REQUEST,
             ErrorCode::NotWriter,
             format!(
                 "partition {topic}/{partition} is written by agent '{writer}' at {}; send it there",

@@ -27,13 +27,13 @@ impl Agent {
     ) -> Result<Vec<MessageId>, ApiError> {
         let started = Instant::now();
         if messages.is_empty() {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::EmptyRequest,
                 "a produce request needs at least one message",
             ));
         }
         if messages.len() > PRODUCE_MESSAGES_MAX {
-            return Err(ApiError::bad_request(
+            return Err(ApiError::new(
                 ErrorCode::TooManyMessages,
                 format!(
                     "a produce request may carry at most {PRODUCE_MESSAGES_MAX} messages, got {}",
@@ -67,9 +67,7 @@ impl Agent {
             let batches = per_partition.entry(partition).or_default();
             let alone = BatchBuilder::new().encoded_len_with(&record);
             if alone > max_bytes {
-                return Err(ApiError::new(
-                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorCode::MessageTooLarge,
+                return Err(ApiError::new(ErrorCode::MessageTooLarge,
                     format!(
                         "message {i} is {alone} bytes as a record batch, over the topic's max.message.bytes of {max_bytes}"
                     ),
@@ -92,9 +90,8 @@ impl Agent {
             // they get offsets in order, and none follows one that failed.
             let in_order = Arc::new(tokio::sync::Mutex::new(false));
             for (batch_index, (_, builder)) in batches.into_iter().enumerate() {
-                let bytes = builder
-                    .build()
-                    .map_err(|e| ApiError::bad_request(ErrorCode::InvalidMessage, e.to_string()))?;
+                let bytes =
+                    builder.build().map_err(|e| ApiError::new(ErrorCode::InvalidMessage, e.to_string()))?;
                 let batch = RecordBatch::parse(bytes).map_err(|e| ApiError::internal(e.to_string()))?;
                 let (target, in_order) = (Arc::clone(&target), Arc::clone(&in_order));
                 let (peers, this) = (&self.inner.peers, self);
@@ -159,7 +156,6 @@ impl Agent {
         let t = self.topic_info(topic).await?;
         if body.len() as u64 > t.config.max_message_bytes {
             return Err(ApiError::new(
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                 ErrorCode::MessageTooLarge,
                 format!(
                     "record batch of {} bytes is over the topic's max.message.bytes of {}",
@@ -169,7 +165,7 @@ impl Agent {
             ));
         }
         let batch = RecordBatch::parse(body)
-            .map_err(|e| ApiError::bad_request(ErrorCode::InvalidRecordBatch, e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRecordBatch, e.to_string()))?;
         let (count, len) = (batch.record_count(), batch.len_bytes());
         let range = match self.target(topic, partition, forwarded).await? {
             Target::Local(handle) => handle.append(batch).await?,

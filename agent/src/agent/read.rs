@@ -350,7 +350,7 @@ impl Agent {
         // completed from the other members.
         let epoch = self
             .with_partition(topic, partition, |p| {
-                p.segments.get(&base_offset).map(|s| crate::partition_log::epoch_i32(s.epoch))
+                p.segments.get(&base_offset).map(|s| crate::log::partition_log::epoch_i32(s.epoch))
             })
             .flatten();
         let mut records = match (self.local_reader(topic, partition), epoch) {
@@ -452,7 +452,7 @@ impl Agent {
                 p.segments.range(..=offset).next_back().map(|(_, s)| s.clone())
             })
             .flatten();
-        let epoch = segment.as_ref().map(|seg| crate::partition_log::epoch_i32(seg.epoch));
+        let epoch = segment.as_ref().map(|seg| crate::log::partition_log::epoch_i32(seg.epoch));
         let committed_last = segment.and_then(|seg| {
             if seg.state != silt_metadata::state::SegmentState::Open {
                 return seg.last_offset;

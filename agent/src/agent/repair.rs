@@ -103,6 +103,8 @@ impl Agent {
         let failed_lately = |topic: &str, partition: u32, segment: u64, agent: &str| {
             failures.contains_key(&(topic.to_string(), partition, segment, agent.to_string()))
         };
-        self.inner.metadata.read_local(|s| crate::placement::repair_candidate(s, me, after, failed_lately))
+        self.inner
+            .metadata
+            .read_local(|s| crate::replication::placement::repair_candidate(s, me, after, failed_lately))
     }
 }

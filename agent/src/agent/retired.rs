@@ -33,7 +33,7 @@ impl Agent {
                 let mut guard = lock(&shared);
                 let Some(replica) = guard.as_mut() else { return Ok(0) };
                 let log = replica.log_mut();
-                let archived = |s: &crate::segment::Segment| {
+                let archived = |s: &crate::log::segment::Segment| {
                     s.record_count() == 0 || part.is_archived(s.base_offset(), s.next_offset() - 1)
                 };
                 if log.active().record_count() > 0 && log.segments().iter().all(archived) {
@@ -74,7 +74,7 @@ impl Agent {
                 let chain = part.clone();
                 let opened = tokio::task::spawn_blocking(move || {
                     let (mut log, _) = PartitionLog::open(&dir)?;
-                    let fence = crate::replica::read_fence(&dir)?;
+                    let fence = crate::log::replica::read_fence(&dir)?;
                     trim_to_metadata(&mut log, &chain, fence)?;
                     Ok::<_, StoreError>(log)
                 });

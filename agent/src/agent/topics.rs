@@ -33,8 +33,7 @@ impl Agent {
         partitions: u32,
         config: BTreeMap<String, String>,
     ) -> Result<Topic, ApiError> {
-        validate_topic_name(name)
-            .map_err(|e| ApiError::bad_request(ErrorCode::InvalidTopicName, e.to_string()))?;
+        validate_topic_name(name).map_err(|e| ApiError::new(ErrorCode::InvalidTopicName, e.to_string()))?;
         let mut config = config;
         config
             .entry("replication.factor".to_string())

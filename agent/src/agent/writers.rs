@@ -110,7 +110,7 @@ impl Agent {
     /// open segment); if that one cannot write either, it hands over in turn.
     ///
     /// A partition whose local log this agent distrusts after a failed fsync (see
-    /// [`crate::disk`]) is handed over at once, to any other live agent.
+    /// [`crate::log::disk`]) is handed over at once, to any other live agent.
     pub(super) async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
         let lease = self.inner.config.lease;
         let due: Vec<((String, u32), String, bool)> = {
@@ -375,7 +375,7 @@ impl Agent {
         };
         let cancel = self.inner.cancel.child_token();
         let reader = log.reader();
-        let (handle, task) = partition_writer::start(
+        let (handle, task) = writer::start(
             log,
             config,
             epoch,

@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::error::StoreError;
-use crate::peer::{Peers, ReplicaTarget};
-use crate::replica::join_batches;
+use crate::log::replica::join_batches;
+use crate::transport::{Peers, ReplicaTarget};
 
 /// Groups queued for one follower before it counts as failed.
 const FOLLOWER_QUEUE_GROUPS: usize = 256;
@@ -333,7 +333,7 @@ mod tests {
     /// writer sealed meanwhile, or a member metadata forgot, leaves fewer than W - 1 of them.
     #[tokio::test]
     async fn an_ensemble_with_fewer_followers_than_the_write_quorum_needs_acknowledges_nothing() {
-        let peers = Peers::new("w");
+        let peers: Peers = Arc::new(crate::transport::HttpPeers::new("w"));
         let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
         for (followers, w) in [(0, 2), (0, 3)] {
             let followers: Vec<(String, String)> =

@@ -281,7 +281,7 @@ impl Segment {
                             self.file
                                 .set_len(position)
                                 .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-                            crate::disk::sync_all(&self.file, &self.path)
+                            crate::log::disk::sync_all(&self.file, &self.path)
                                 .map_err(|e| StoreError::io(&self.path, "fsync", e))?;
                             report.truncated_bytes = len - position;
                             break;
@@ -478,7 +478,7 @@ impl Segment {
     /// Makes every appended byte durable. After an error the segment holds only what the
     /// last successful fsync covered ([`Segment::discard_unsynced`]).
     fn sync(&mut self) -> Result<(), StoreError> {
-        match crate::disk::sync_data(&self.file, &self.path) {
+        match crate::log::disk::sync_data(&self.file, &self.path) {
             Ok(()) => Ok(()),
             Err(e) => {
                 Err(self.discard_unsynced(StoreError::FsyncFailed { path: self.path.clone(), source: e }))
@@ -490,13 +490,13 @@ impl Segment {
     /// fsync may be in the page cache only (a later read would still see them), so the file is
     /// cut back to what that fsync covered, the cut made durable, and the segment loaded again
     /// from the file: nothing the failure may have lost is ever counted as held. When that
-    /// fails too, the directory is distrusted ([`crate::disk::distrust`]). Returns `error`.
+    /// fails too, the directory is distrusted ([`crate::log::disk::distrust`]). Returns `error`.
     fn discard_unsynced(&mut self, error: StoreError) -> StoreError {
         let durable = self.synced_bytes;
         let cut = self
             .file
             .set_len(durable)
-            .and_then(|()| crate::disk::sync_all(&self.file, &self.path))
+            .and_then(|()| crate::log::disk::sync_all(&self.file, &self.path))
             .map_err(|e| StoreError::io(&self.path, "cut back to its last fsync", e))
             .and_then(|()| Segment::open_with(&self.path, self.base_offset, false, Tail::Synced));
         match cut {
@@ -507,7 +507,7 @@ impl Segment {
             Err(cut) => {
                 let dir = self.path.parent().unwrap_or(&self.path);
                 error!(path = %self.path.display(), %error, %cut, "an fsync failed and the segment cannot be cut back to what is on disk: this agent opens no log in its directory again until it restarts");
-                crate::disk::distrust(dir);
+                crate::log::disk::distrust(dir);
             }
         }
         error
@@ -738,7 +738,7 @@ impl Segment {
             }
         }
         self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
-        crate::disk::sync_all(&self.file, &self.path)
+        crate::log::disk::sync_all(&self.file, &self.path)
             .map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
         // Synced up to the cut: whatever is bad in it is damage, not a torn group.
         let (mut segment, _) = Segment::open_with(&self.path, self.base_offset, false, Tail::Synced)?;
@@ -1032,7 +1032,7 @@ fn read_with_crc(path: &Path) -> Option<Vec<u8>> {
 /// Fsyncs a directory so that created, renamed and removed entries are durable.
 pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
-        .and_then(|d| crate::disk::sync_all(&d, dir))
+        .and_then(|d| crate::log::disk::sync_all(&d, dir))
         .map_err(|e| StoreError::FsyncFailed { path: dir.to_path_buf(), source: e })
 }
 

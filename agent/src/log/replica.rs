@@ -21,7 +21,7 @@ use silt_record::RecordBatch;
 use tracing::warn;
 
 use crate::error::StoreError;
-use crate::partition_log::{PartitionLog, PartitionReader};
+use crate::log::partition_log::{PartitionLog, PartitionReader};
 
 const FENCE_FILE: &str = "fence";
 
@@ -47,9 +47,10 @@ pub fn write_fence(dir: &Path, epoch: u64) -> Result<(), StoreError> {
     let tmp = dir.join("fence.tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| StoreError::io(&tmp, "create", e))?;
     f.write_all(epoch.to_string().as_bytes()).map_err(|e| StoreError::io(&tmp, "write", e))?;
-    crate::disk::sync_all(&f, &tmp).map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
+    crate::log::disk::sync_all(&f, &tmp)
+        .map_err(|e| StoreError::FsyncFailed { path: tmp.clone(), source: e })?;
     std::fs::rename(&tmp, &path).map_err(|e| StoreError::io(&path, "rename", e))?;
-    crate::segment::sync_dir(dir)
+    crate::log::segment::sync_dir(dir)
 }
 
 /// One segment as one replica holds it: what a recovering writer needs to seal it.
@@ -409,8 +410,8 @@ mod tests {
         let part = partition(&[(0, None, SegmentState::Open, 1)]);
         let mut r = Replica::open(dir.path(), 1, &part).unwrap();
         assert_eq!(r.append(0, 1, &[batch(0, 3, 1)]).unwrap(), 3);
-        let segment_file = dir.path().join(crate::segment::log_file_name(0));
-        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
+        let segment_file = dir.path().join(crate::log::segment::log_file_name(0));
+        let fault = crate::log::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
         let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
         assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
         assert_eq!(fault.failed(), 1);
@@ -439,9 +440,9 @@ mod tests {
         let part = partition(&[(0, None, SegmentState::Open, 1)]);
         let mut r = Replica::open(dir.path(), 1, &part).unwrap();
         r.append(0, 1, &[batch(0, 3, 1)]).unwrap();
-        let segment_file = dir.path().join(crate::segment::log_file_name(0));
+        let segment_file = dir.path().join(crate::log::segment::log_file_name(0));
         // The append's fsync and the cut's.
-        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 2);
+        let fault = crate::log::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 2);
         let e = r.append(0, 1, &[batch(3, 2, 1)]).unwrap_err();
         assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
         assert_eq!(fault.failed(), 2);
@@ -454,7 +455,11 @@ mod tests {
         let e = Replica::open(dir.path(), 1, &part).unwrap_err();
         assert!(matches!(e, StoreError::DiskDistrusted { .. }), "{e}");
         let api = crate::error::ApiError::from(e);
-        assert_eq!((api.status().as_u16(), api.code), (503, crate::error::ErrorCode::DiskFailed), "{api}");
+        assert_eq!(
+            (crate::api::status_of(api.code).as_u16(), api.code),
+            (503, crate::error::ErrorCode::DiskFailed),
+            "{api}"
+        );
     }
 
     #[test]

@@ -21,11 +21,13 @@ use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::error::StoreError;
 use crate::limits::{GROUP_APPENDS_MAX, GROUP_BYTES_MAX, QUEUED_BYTES_MAX, REPLICA_READ_BYTES_MAX};
+use crate::log::partition_log::{PartitionLog, PartitionReader};
+use crate::log::replica::{
+    join_batches, read_fence, split_batches, trim_to_metadata, write_fence, HeldSegment,
+};
 use crate::metrics::Metrics;
-use crate::partition_log::{PartitionLog, PartitionReader};
-use crate::peer::{Peers, ReplicaTarget};
-use crate::replica::{join_batches, read_fence, split_batches, trim_to_metadata, write_fence, HeldSegment};
-use crate::replication::{Ensemble, FollowerLag};
+use crate::replication::ensemble::{Ensemble, FollowerLag};
+use crate::transport::{Peers, ReplicaTarget};
 
 /// How long a recovery waits, once it has the answers it needs, for the open segment's other
 /// members: each that answers in time is a holder of the sealed segment (it gets the tail
@@ -162,7 +164,7 @@ struct SealedSummary {
 }
 
 impl SealedSummary {
-    fn of(s: &crate::segment::Segment) -> Self {
+    fn of(s: &crate::log::segment::Segment) -> Self {
         SealedSummary {
             base_offset: s.base_offset(),
             record_count: s.next_offset() - s.base_offset(),
@@ -295,7 +297,7 @@ impl PartitionWriter {
         let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
         let members = &open.ensemble;
         let w = self.config.write_quorum.clamp(1, members.len().max(1));
-        let needed = crate::recovery::answers_needed(members.len(), w);
+        let needed = crate::replication::recovery::answers_needed(members.len(), w);
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
             epoch: self.epoch,
@@ -376,14 +378,18 @@ impl PartitionWriter {
         }
         // Waiting helps only while some member may come back with what it holds; when every
         // member answered or is known to have lost its disk, the longest answer is all there is.
-        let answers: Vec<(String, crate::recovery::Answer)> = held
+        let answers: Vec<(String, crate::replication::recovery::Answer)> = held
             .iter()
-            .map(|(m, h)| (m.clone(), crate::recovery::Answer::Holds { end: h.end_offset }))
-            .chain(lost.iter().map(|m| (m.clone(), crate::recovery::Answer::Lost)))
-            .chain(missing.iter().map(|(m, _)| (m.clone(), crate::recovery::Answer::Missing)))
+            .map(|(m, h)| (m.clone(), crate::replication::recovery::Answer::Holds { end: h.end_offset }))
+            .chain(lost.iter().map(|m| (m.clone(), crate::replication::recovery::Answer::Lost)))
+            .chain(missing.iter().map(|(m, _)| (m.clone(), crate::replication::recovery::Answer::Missing)))
             .collect();
-        let (source, end, mut holding, copy_to) = match crate::recovery::plan(members.len(), w, &answers) {
-            crate::recovery::Plan::Wait { needed, counted } => {
+        let (source, end, mut holding, copy_to) = match crate::replication::recovery::plan(
+            members.len(),
+            w,
+            &answers,
+        ) {
+            crate::replication::recovery::Plan::Wait { needed, counted } => {
                 let why: Vec<String> = missing.iter().map(|(m, e)| format!("{m}: {e}")).collect();
                 return Err(StoreError::NotEnoughReplicas(format!(
                     "partition {topic}/{partition} is waiting for its open segment at offset {base} held by agent(s) {}: \
@@ -392,7 +398,7 @@ impl PartitionWriter {
                     why.join("; ")
                 )));
             }
-            crate::recovery::Plan::SealEmpty => {
+            crate::replication::recovery::Plan::SealEmpty => {
                 error!(
                     base_offset = base,
                     "no replica of the open segment is left (their disks were replaced); sealing it empty: what it held is lost"
@@ -408,7 +414,9 @@ impl PartitionWriter {
                 self.metadata.write(self.seal_command(&empty)).await?;
                 return Ok(());
             }
-            crate::recovery::Plan::Seal { source, end, holding, copy_to } => (source, end, holding, copy_to),
+            crate::replication::recovery::Plan::Seal { source, end, holding, copy_to } => {
+                (source, end, holding, copy_to)
+            }
         };
         let Some(best) = held.iter().find(|(m, _)| *m == source).map(|(_, h)| h.clone()) else {
             return Err(StoreError::Failed(format!("recovery chose '{source}', which did not answer")));
@@ -420,7 +428,7 @@ impl PartitionWriter {
             }
         }
         let holders = holding.len();
-        if !crate::recovery::enough_holders(w, held.len(), holders, base, end) {
+        if !crate::replication::recovery::enough_holders(w, held.len(), holders, base, end) {
             return Err(StoreError::NotEnoughReplicas(format!(
                 "partition {topic}/{partition}: the recovered tail of segment {base} is on {holders} replica(s), \
                  min.insync.replicas is {w}; retrying"
@@ -433,7 +441,7 @@ impl PartitionWriter {
             min_timestamp_ms: best.min_timestamp_ms,
             max_timestamp_ms: best.max_timestamp_ms,
             // Members that did not answer, or that a copy failed to reach, are not holders.
-            replicas: crate::recovery::sealed_holders(members, &holding),
+            replicas: crate::replication::recovery::sealed_holders(members, &holding),
         };
         self.metadata.write(self.seal_command(&summary)).await?;
         info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");
@@ -635,7 +643,7 @@ impl PartitionWriter {
                 .flat_map(|t| t.partitions.iter())
                 .filter_map(|p| p.open_segment())
                 .map(|seg| seg.ensemble.as_slice());
-            let chosen = crate::placement::choose_ensemble(me, &reachable, open, r);
+            let chosen = crate::replication::placement::choose_ensemble(me, &reachable, open, r);
             let instances = chosen
                 .iter()
                 .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
@@ -1216,7 +1224,7 @@ mod tests {
     /// streamed to none of the followers metadata recorded (its copy of metadata named none).
     #[tokio::test]
     async fn a_seal_names_the_writer_alone_when_it_streamed_to_no_recorded_follower() {
-        let peers = Peers::new("w");
+        let peers: Peers = Arc::new(crate::transport::HttpPeers::new("w"));
         let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
         let summary = SealedSummary {
             base_offset: 0,

@@ -1,4 +1,8 @@
-//! The agent's HTTP/JSON API (documented in `docs/api.md`).
+//! The agent's HTTP/JSON API (documented in `docs/api.md`): the public routes here, the ones
+//! other agents call in [`internal`]; and the HTTP status every [`ErrorCode`] is answered
+//! with ([`status_of`]), the only place the agent names HTTP statuses.
+
+mod internal;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,12 +23,9 @@ use silt_record::{Header, MessageId, Record};
 use crate::agent::{Agent, PollRequest, ProduceMessage};
 use crate::error::{ApiError, ErrorCode};
 use crate::group_cursor::Delivered;
-use crate::limits::{
-    check_max_bytes, read_bytes_default, ReadLimit, READ_BYTES_MAX, REPLAY_MAX, REQUEST_BYTES_MAX,
-};
-use crate::peer::{
-    CollectRequest, RecordPage, ReplicaTarget, WireRecord, FORWARDED_HEADER, HIGH_WATERMARK_HEADER,
-    NEXT_OFFSET_HEADER, RECORD_BATCHES_TYPE,
+use crate::limits::{check_max_bytes, read_bytes_default, ReadLimit, REPLAY_MAX, REQUEST_BYTES_MAX};
+use crate::transport::{
+    RecordPage, FORWARDED_HEADER, HIGH_WATERMARK_HEADER, NEXT_OFFSET_HEADER, RECORD_BATCHES_TYPE,
 };
 
 /// Builds the router for an agent.
@@ -42,13 +43,16 @@ pub fn router(agent: Agent) -> Router {
         .route("/v1/groups/{group}", get(describe_group))
         .route("/v1/groups/{group}/ack", post(ack))
         .route("/v1/groups/{group}/leave", post(leave))
-        .route("/internal/v1/topics/{topic}/partitions/{partition}/offset", get(peer_offset_for_time))
-        .route("/internal/v1/topics/{topic}/partitions/{partition}/held", get(peer_read_held))
-        .route("/internal/v1/topics/{topic}/collect", post(peer_collect))
-        .route("/internal/v1/replicas/{topic}/{partition}/append", post(replica_append))
-        .route("/internal/v1/replicas/{topic}/{partition}/fence", post(replica_fence))
-        .route("/internal/v1/replicas/{topic}/{partition}/batches", get(replica_batches))
-        .route("/internal/v1/replicas/{topic}/{partition}/repair", post(replica_repair))
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/offset",
+            get(internal::peer_offset_for_time),
+        )
+        .route("/internal/v1/topics/{topic}/partitions/{partition}/held", get(internal::peer_read_held))
+        .route("/internal/v1/topics/{topic}/collect", post(internal::peer_collect))
+        .route("/internal/v1/replicas/{topic}/{partition}/append", post(internal::replica_append))
+        .route("/internal/v1/replicas/{topic}/{partition}/fence", post(internal::replica_fence))
+        .route("/internal/v1/replicas/{topic}/{partition}/batches", get(internal::replica_batches))
+        .route("/internal/v1/replicas/{topic}/{partition}/repair", post(internal::replica_repair))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .with_state(agent)
@@ -56,21 +60,69 @@ pub fn router(agent: Agent) -> Router {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// The HTTP status an error of `code` is answered with.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::EmptyRequest
+        | ErrorCode::InvalidAck
+        | ErrorCode::InvalidArgument
+        | ErrorCode::InvalidConfig
+        | ErrorCode::InvalidId
+        | ErrorCode::InvalidJson
+        | ErrorCode::InvalidMax
+        | ErrorCode::InvalidMaxBytes
+        | ErrorCode::InvalidMessage
+        | ErrorCode::InvalidQuery
+        | ErrorCode::InvalidRecordBatch
+        | ErrorCode::InvalidSessionTimeout
+        | ErrorCode::InvalidTimeout
+        | ErrorCode::InvalidTopicName
+        | ErrorCode::NotDelivered
+        | ErrorCode::OffsetOutOfRange
+        | ErrorCode::TooManyMessages => StatusCode::BAD_REQUEST,
+        ErrorCode::NotFound
+        | ErrorCode::UnknownGroup
+        | ErrorCode::UnknownPartition
+        | ErrorCode::UnknownTopic => StatusCode::NOT_FOUND,
+        ErrorCode::Fenced
+        | ErrorCode::GroupModeMismatch
+        | ErrorCode::ReplicaDiverged
+        | ErrorCode::TopicExists => StatusCode::CONFLICT,
+        ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::NotWriter => StatusCode::MISDIRECTED_REQUEST,
+        ErrorCode::DiskFailed | ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::CorruptData | ErrorCode::Internal | ErrorCode::StorageError => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a ApiError,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (status_of(self.code), Json(ErrorBody { error: &self })).into_response()
+    }
+}
+
 /// Whether another agent forwarded this request (then it is never forwarded again).
 fn forwarded(headers: &axum::http::HeaderMap) -> bool {
     headers.contains_key(FORWARDED_HEADER)
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> ApiResult<T> {
-    body.map(|Json(v)| v).map_err(|e| ApiError::bad_request(ErrorCode::InvalidJson, e.body_text()))
+    body.map(|Json(v)| v).map_err(|e| ApiError::new(ErrorCode::InvalidJson, e.body_text()))
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(v)| v).map_err(|e| ApiError::bad_request(ErrorCode::InvalidQuery, e.body_text()))
+    q.map(|Query(v)| v).map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.body_text()))
 }
 
 async fn not_found() -> ApiError {
-    ApiError::not_found(ErrorCode::NotFound, "no such endpoint; see docs/api.md for the API")
+    ApiError::new(ErrorCode::NotFound, "no such endpoint; see docs/api.md for the API")
 }
 
 async fn health() -> Json<serde_json::Value> {
@@ -219,13 +271,13 @@ struct MessageJson {
 
 fn text_or_b64(i: usize, what: &str, text: Option<String>, b64: Option<String>) -> ApiResult<Option<Bytes>> {
     match (text, b64) {
-        (Some(_), Some(_)) => Err(ApiError::bad_request(
+        (Some(_), Some(_)) => Err(ApiError::new(
             ErrorCode::InvalidMessage,
             format!("message {i}: give {what} or {what}_b64, not both"),
         )),
         (Some(t), None) => Ok(Some(Bytes::from(t))),
         (None, Some(b)) => B64.decode(b.as_bytes()).map(|v| Some(Bytes::from(v))).map_err(|e| {
-            ApiError::bad_request(
+            ApiError::new(
                 ErrorCode::InvalidMessage,
                 format!("message {i}: {what}_b64 is not valid base64: {e}"),
             )
@@ -385,7 +437,7 @@ async fn replay_page(
 ) -> ApiResult<RecordPage> {
     let p = query(params)?;
     if p.max == 0 || p.max > REPLAY_MAX {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::new(
             ErrorCode::InvalidMax,
             format!("max must be between 1 and {REPLAY_MAX}, got {}", p.max),
         ));
@@ -393,10 +445,7 @@ async fn replay_page(
     check_max_bytes(p.max_bytes)?;
     let from = match (p.from_offset, p.from_time) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                ErrorCode::InvalidQuery,
-                "give from_offset or from_time, not both",
-            ));
+            return Err(ApiError::new(ErrorCode::InvalidQuery, "give from_offset or from_time, not both"));
         }
         (Some(o), None) => o,
         (None, Some(t)) => agent.offset_for_time(topic, partition, t, forwarded).await?,
@@ -447,135 +496,6 @@ fn batches_response(page: RecordPage) -> ApiResult<Response> {
         body,
     )
         .into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PeerReadParams {
-    from_offset: u64,
-    max: usize,
-    #[serde(default = "read_bytes_default")]
-    max_bytes: usize,
-}
-
-/// Another agent (or the compactor) reads what this agent holds locally of a partition,
-/// whether or not it writes it.
-async fn peer_read_held(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<PeerReadParams>, QueryRejection>,
-) -> ApiResult<Response> {
-    let p = query(params)?;
-    let limit = ReadLimit::new(p.max.clamp(1, REPLAY_MAX), p.max_bytes.clamp(1, READ_BYTES_MAX));
-    let (records, next_offset, high_watermark) =
-        agent.read_held(&topic, partition, p.from_offset, limit).await?;
-    batches_response(RecordPage { records, next_offset, high_watermark })
-}
-
-/// The query of every replication request: the segment it is about, and what one kind of
-/// request adds. (`#[serde(flatten)]` would read the numbers as strings from a query.)
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplicaQuery {
-    topic_id: u64,
-    epoch: u64,
-    segment: u64,
-    segment_epoch: u64,
-    /// Appends: the writer's committed end before these batches.
-    committed: Option<u64>,
-    /// Batch reads: where to start.
-    from: Option<u64>,
-    /// Repairs: the agent to copy from.
-    source: Option<String>,
-}
-
-impl ReplicaQuery {
-    fn target(&self) -> ReplicaTarget {
-        ReplicaTarget {
-            topic_id: self.topic_id,
-            epoch: self.epoch,
-            segment: self.segment,
-            segment_epoch: self.segment_epoch,
-        }
-    }
-}
-
-fn required<T>(value: Option<T>, name: &str) -> ApiResult<T> {
-    value.ok_or_else(|| ApiError::bad_request(ErrorCode::InvalidQuery, format!("the query needs '{name}'")))
-}
-
-/// A writer streams batches to a follower's replica.
-async fn replica_append(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaQuery>, QueryRejection>,
-    body: Bytes,
-) -> ApiResult<Json<serde_json::Value>> {
-    let p = query(params)?;
-    let end = agent.replica_append(&topic, partition, p.target(), p.committed, body).await?;
-    Ok(Json(serde_json::json!({ "end_offset": end })))
-}
-
-/// A recovering writer fences a replica and asks what it holds of a segment.
-async fn replica_fence(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaQuery>, QueryRejection>,
-) -> ApiResult<Json<crate::replica::HeldSegment>> {
-    let p = query(params)?;
-    Ok(Json(agent.replica_fence(&topic, partition, p.target()).await?))
-}
-
-/// A recovering writer copies a segment's tail from a replica: whole batches as stored.
-async fn replica_batches(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaQuery>, QueryRejection>,
-) -> ApiResult<Response> {
-    let p = query(params)?;
-    let from = required(p.from, "from")?;
-    let body = agent.replica_batches(&topic, partition, p.target(), from).await?;
-    Ok(([(header::CONTENT_TYPE, RECORD_BATCHES_TYPE)], body).into_response())
-}
-
-/// Ensemble repair: this agent is to hold a new replica of a sealed segment, copied from
-/// the agent `source`.
-async fn replica_repair(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<ReplicaQuery>, QueryRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let p = query(params)?;
-    let source = required(p.source.clone(), "source")?;
-    agent.replica_repair(&topic, partition, p.target(), &source).await?;
-    Ok(Json(serde_json::json!({ "copied": true })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PeerTimeParams {
-    time: i64,
-}
-
-/// Another agent looks up an offset by time in a partition this agent writes.
-async fn peer_offset_for_time(
-    State(agent): State<Agent>,
-    Path((topic, partition)): Path<(String, u32)>,
-    params: Result<Query<PeerTimeParams>, QueryRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
-    let p = query(params)?;
-    let offset = agent.offset_for_time(&topic, partition, p.time, true).await?;
-    Ok(Json(serde_json::json!({ "offset": offset })))
-}
-
-/// Another agent delivers messages of partitions this agent writes to a member polling there.
-async fn peer_collect(
-    State(agent): State<Agent>,
-    Path(topic): Path<String>,
-    body: Result<Json<CollectRequest>, JsonRejection>,
-) -> ApiResult<Json<Vec<WireRecord>>> {
-    let ask = json_body(body)?;
-    Ok(Json(agent.collect_for_peer(&topic, ask).await?))
 }
 
 /// One archived object as `silt archive ls` shows it.
@@ -798,5 +718,26 @@ mod tests {
                 "next_offset": 8,
             })
         );
+    }
+
+    #[test]
+    fn every_code_is_answered_with_the_status_of_whose_fault_it_is() {
+        for code in ErrorCode::ALL {
+            let status = status_of(code).as_u16();
+            let name = code.as_str();
+            if name.starts_with("invalid_") {
+                assert_eq!(status, 400, "{name}");
+            }
+            if name.starts_with("unknown_") {
+                assert_eq!(status, 404, "{name}");
+            }
+            // Clients retry a 503 and nothing else of the 5xx: every code that means "try again"
+            // is one, and no fault of the request is.
+            let retry = matches!(code, ErrorCode::Unavailable | ErrorCode::DiskFailed);
+            assert_eq!(status == 503, retry, "{name}");
+            assert!((400..600).contains(&status), "{name}: {status}");
+        }
+        let response = ApiError::new(ErrorCode::NotWriter, "m").into_response();
+        assert_eq!(response.status(), StatusCode::MISDIRECTED_REQUEST);
     }
 }

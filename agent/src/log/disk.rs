@@ -4,7 +4,7 @@
 //! serve them to reads although they never reached the disk (and drop them at any moment):
 //! a file reopened after the failure can show bytes no fsync covered. So a segment whose
 //! fsync fails cuts its file back to what its last successful fsync covered, durably, before
-//! anything reads it again ([`crate::segment::Segment::sync_appends`]): what was cut is taken
+//! anything reads it again ([`crate::log::segment::Segment::sync_appends`]): what was cut is taken
 //! again from the writer, or was never acknowledged. When the cut cannot be made durable
 //! either, the partition's directory is distrusted ([`distrust`]): this process opens no log
 //! there again, and hands the partition's writing to another agent.

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::error::StoreError;
-use crate::segment::{sync_dir, IndexEntry, ReadMode, ScanReport, Segment, SegmentView};
+use crate::log::segment::{sync_dir, IndexEntry, ReadMode, ScanReport, Segment, SegmentView};
 
 /// The writer's half of a partition log. Not `Clone`: there is one writer per partition.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ pub fn segment_ranges_held(dir: &Path) -> Result<Vec<(u64, u64)>, StoreError> {
     bases
         .into_iter()
         .map(|base| {
-            Segment::end_offset_held(&dir.join(crate::segment::log_file_name(base)), base)
+            Segment::end_offset_held(&dir.join(crate::log::segment::log_file_name(base)), base)
                 .map(|end| (base, end))
         })
         .collect()
@@ -79,7 +79,7 @@ impl PartitionLog {
     /// Opens (or creates) the log in `dir`. Every segment but the last is taken as sealed;
     /// the last is scanned batch by batch and its torn tail, if any, truncated.
     pub fn open(dir: &Path) -> Result<(PartitionLog, Vec<ScanReport>), StoreError> {
-        if crate::disk::is_distrusted(dir) {
+        if crate::log::disk::is_distrusted(dir) {
             return Err(StoreError::DiskDistrusted { dir: dir.to_path_buf() });
         }
         fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, "create directory", e))?;
@@ -100,7 +100,7 @@ impl PartitionLog {
         let mut reports = Vec::new();
         for (i, base) in bases.iter().enumerate() {
             let sealed = i + 1 < bases.len();
-            let path = dir.join(crate::segment::log_file_name(*base));
+            let path = dir.join(crate::log::segment::log_file_name(*base));
             let (segment, report) = Segment::open(&path, *base, sealed)?;
             if report.truncated_bytes > 0 || !report.corrupt_ranges.is_empty() {
                 info!(path = %path.display(), ?report, "recovered segment");
@@ -123,9 +123,9 @@ impl PartitionLog {
     }
 
     /// Refuses every write once an fsync failure left this log's directory distrusted (see
-    /// [`crate::disk`]): a later fsync may report success for pages an earlier one lost.
+    /// [`crate::log::disk`]): a later fsync may report success for pages an earlier one lost.
     fn check_trusted(&self) -> Result<(), StoreError> {
-        if crate::disk::is_distrusted(&self.dir) {
+        if crate::log::disk::is_distrusted(&self.dir) {
             return Err(StoreError::DiskDistrusted { dir: self.dir.clone() });
         }
         Ok(())
@@ -133,7 +133,7 @@ impl PartitionLog {
 
     /// Whether an fsync failure left this log's directory distrusted.
     pub fn is_distrusted(&self) -> bool {
-        crate::disk::is_distrusted(&self.dir)
+        crate::log::disk::is_distrusted(&self.dir)
     }
 
     /// The shared read half.
@@ -714,15 +714,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
         let kept = append(&mut log, &[records(0, 5, 100, |n| n as i64)]);
-        let segment_file = dir.path().join(crate::segment::log_file_name(0));
-        let fault = crate::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
+        let segment_file = dir.path().join(crate::log::segment::log_file_name(0));
+        let fault = crate::log::disk::inject_fsync_errors(&segment_file.to_string_lossy(), 0, 1);
         let e = log.append_and_sync(vec![batch(&records(5, 5, 100, |n| n as i64))], EPOCH).unwrap_err();
         assert!(matches!(e, StoreError::FsyncFailed { .. }), "{e}");
         assert_eq!(fault.failed(), 1);
         drop(log);
         let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
         assert_eq!(log.next_offset(), 5, "the group whose fsync failed is not held");
-        let held = crate::replica::HeldSegment::of(&log, 0, EPOCH, "instance").unwrap();
+        let held = crate::log::replica::HeldSegment::of(&log, 0, EPOCH, "instance").unwrap();
         assert_eq!(held.end_offset, 5, "a recovery is told what fsyncs covered");
         let synced = fault.synced();
         let later = append(&mut log, &[records(50, 2, 100, |n| n as i64)]);

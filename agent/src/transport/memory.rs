@@ -1,0 +1,302 @@
+//! [`MemoryNetwork`]: agents in one process reaching each other without sockets, for tests
+//! and simulation. A request runs as its own task on the receiving agent, as an HTTP server
+//! would run it, under the same timeout as over HTTP; the network can cut a link (the request
+//! never arrives) or lose its replies (the request is applied, the sender hears nothing), in
+//! one direction at a time.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{CollectRequest, Peer, Peers, Reachability, RecordPage, ReplicaTarget};
+use super::{PEER_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT};
+use crate::agent::{Agent, WeakAgent};
+use crate::error::ApiError;
+use crate::group_cursor::Delivered;
+use crate::limits::{ReadLimit, READ_BYTES_MAX, REPLAY_MAX};
+use crate::log::replica::HeldSegment;
+
+/// What happens to requests from one agent to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// They arrive and are answered.
+    Up,
+    /// They never arrive: the sender hears nothing (at once, as from a refused connection).
+    Cut,
+    /// They arrive and are applied; the answer is lost.
+    RepliesLost,
+}
+
+/// Agents of one process, by id, and the state of the links between them. Links are directed:
+/// `set_link("a", "b", ..)` changes requests from `a` to `b` only.
+#[derive(Debug, Default)]
+pub struct MemoryNetwork {
+    agents: RwLock<HashMap<String, WeakAgent>>,
+    links: RwLock<HashMap<(String, String), Link>>,
+}
+
+impl MemoryNetwork {
+    /// An empty network.
+    pub fn new() -> Arc<MemoryNetwork> {
+        Arc::default()
+    }
+
+    /// What the agent `me` reaches the others with (its `AgentConfig::peers`).
+    pub fn peers(self: &Arc<Self>, me: &str) -> Peers {
+        Arc::new(MemoryPeers { me: me.to_string(), net: Arc::clone(self), reach: Reachability::default() })
+    }
+
+    /// Makes `agent` reachable by its id. An agent that stops (or is dropped) is unreachable
+    /// again; a new agent joining under the same id replaces it.
+    pub fn join(&self, agent: &Agent) {
+        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        agents.insert(agent.id().to_string(), agent.downgrade());
+    }
+
+    /// Sets what happens to requests from `from` to `to`.
+    pub fn set_link(&self, from: &str, to: &str, link: Link) {
+        let mut links = self.links.write().unwrap_or_else(|e| e.into_inner());
+        if link == Link::Up {
+            links.remove(&(from.to_string(), to.to_string()));
+        } else {
+            links.insert((from.to_string(), to.to_string()), link);
+        }
+    }
+
+    /// Cuts every link to and from `agent` (a partition of the network with `agent` alone on
+    /// its side), or mends them all.
+    pub fn isolate(&self, agent: &str, isolated: bool) {
+        let ids: Vec<String> = {
+            let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+            agents.keys().filter(|id| id.as_str() != agent).cloned().collect()
+        };
+        let link = if isolated { Link::Cut } else { Link::Up };
+        for other in ids {
+            self.set_link(agent, &other, link);
+            self.set_link(&other, agent, link);
+        }
+    }
+
+    fn link(&self, from: &str, to: &str) -> Link {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        links.get(&(from.to_string(), to.to_string())).copied().unwrap_or(Link::Up)
+    }
+
+    fn agent(&self, id: &str) -> Option<Agent> {
+        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        agents.get(id).and_then(WeakAgent::upgrade).filter(|a| !a.is_stopped())
+    }
+}
+
+/// One agent's side of a [`MemoryNetwork`].
+#[derive(Debug)]
+struct MemoryPeers {
+    me: String,
+    net: Arc<MemoryNetwork>,
+    reach: Reachability,
+}
+
+impl MemoryPeers {
+    /// Runs `request` on agent `to` as its own task, within `timeout`, through the link.
+    async fn send<T, F, Fut>(
+        &self,
+        (to, _): (&str, &str),
+        timeout: Duration,
+        request: F,
+    ) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Agent) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let lost = |what: &str| ApiError::unavailable(format!("agent '{to}' did not answer: {what}"));
+        let link = self.net.link(&self.me, to);
+        let Some(agent) = self.net.agent(to).filter(|_| link != Link::Cut) else {
+            self.reach.reached(to, false);
+            return Err(lost("unreachable"));
+        };
+        let task = tokio::spawn(request(agent));
+        let answer = match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                self.reach.reached(to, false);
+                return Err(lost(&format!("its handler failed: {e}")));
+            }
+            Err(_) => {
+                self.reach.reached(to, false);
+                return Err(lost(&format!("no answer within {timeout:?}")));
+            }
+        };
+        if link == Link::RepliesLost {
+            self.reach.reached(to, false);
+            return Err(lost("its answer was lost"));
+        }
+        self.reach.reached(to, true);
+        answer
+    }
+}
+
+/// A read's limit as the answering agent applies it (as the HTTP routes do).
+fn served(limit: ReadLimit) -> ReadLimit {
+    ReadLimit::new(limit.records.clamp(1, REPLAY_MAX), limit.bytes.clamp(1, READ_BYTES_MAX))
+}
+
+#[async_trait::async_trait]
+impl Peer for MemoryPeers {
+    fn is_unreachable(&self, agent: &str) -> bool {
+        self.reach.is_unreachable(agent)
+    }
+
+    async fn append(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        batch: Bytes,
+    ) -> Result<(u64, u64), ApiError> {
+        let topic = topic.to_string();
+        self.send(
+            to,
+            PEER_TIMEOUT,
+            move |a| async move { a.produce_batch(&topic, partition, batch, true).await },
+        )
+        .await
+    }
+
+    async fn read(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        limit: ReadLimit,
+    ) -> Result<RecordPage, ApiError> {
+        let topic = topic.to_string();
+        self.send(to, PEER_TIMEOUT, move |a| async move {
+            let (records, next_offset, high_watermark) =
+                a.read(&topic, partition, offset, served(limit), true).await?;
+            Ok(RecordPage { records, next_offset, high_watermark })
+        })
+        .await
+    }
+
+    async fn read_held(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        limit: ReadLimit,
+    ) -> Result<RecordPage, ApiError> {
+        let topic = topic.to_string();
+        self.send(to, PEER_TIMEOUT, move |a| async move {
+            let (records, next_offset, high_watermark) =
+                a.read_held(&topic, partition, offset, served(limit)).await?;
+            Ok(RecordPage { records, next_offset, high_watermark })
+        })
+        .await
+    }
+
+    async fn replica_append(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        committed: Option<u64>,
+        batches: Bytes,
+    ) -> Result<u64, ApiError> {
+        let (topic, target) = (topic.to_string(), target.clone());
+        self.send(to, REPLICA_TIMEOUT, move |a| async move {
+            a.replica_append(&topic, partition, target, committed, batches).await
+        })
+        .await
+    }
+
+    async fn replica_fence(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError> {
+        let (topic, target) = (topic.to_string(), target.clone());
+        self.send(
+            to,
+            REPLICA_TIMEOUT,
+            move |a| async move { a.replica_fence(&topic, partition, target).await },
+        )
+        .await
+    }
+
+    async fn replica_batches(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        from: u64,
+    ) -> Result<Bytes, ApiError> {
+        let (topic, target) = (topic.to_string(), target.clone());
+        self.send(to, REPLICA_TIMEOUT, move |a| async move {
+            a.replica_batches(&topic, partition, target, from).await
+        })
+        .await
+    }
+
+    async fn replica_repair(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+        source: &str,
+    ) -> Result<(), ApiError> {
+        let (topic, target, source) = (topic.to_string(), target.clone(), source.to_string());
+        self.send(to, REPAIR_TIMEOUT, move |a| async move {
+            a.replica_repair(&topic, partition, target, &source).await
+        })
+        .await
+    }
+
+    async fn offset_for_time(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<u64, ApiError> {
+        let topic = topic.to_string();
+        self.send(to, PEER_TIMEOUT, move |a| async move {
+            a.offset_for_time(&topic, partition, timestamp_ms, true).await
+        })
+        .await
+    }
+
+    async fn collect(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        req: &CollectRequest,
+    ) -> Result<Vec<Delivered>, ApiError> {
+        let (topic, req) = (topic.to_string(), req.clone());
+        let records = self
+            .send(to, PEER_TIMEOUT, move |a| async move { a.collect_for_peer(&topic, req).await })
+            .await?;
+        records.into_iter().map(super::WireRecord::into_delivered).collect()
+    }
+
+    async fn ack(
+        &self,
+        to: (&str, &str),
+        group: &str,
+        ids: &[String],
+        dry_run: bool,
+    ) -> Result<usize, ApiError> {
+        let (group, ids) = (group.to_string(), ids.to_vec());
+        self.send(to, PEER_TIMEOUT, move |a| async move { a.ack(&group, &ids, dry_run, true).await }).await
+    }
+}

@@ -1,0 +1,261 @@
+//! Three agents and a metadata node in one process, reaching each other over a
+//! [`MemoryNetwork`] instead of HTTP: the replication protocol under link faults a real
+//! network makes hard to stage (one direction cut, an append applied whose answer is lost),
+//! with real segment files and fsyncs underneath.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use silt_agent::agent::ProduceMessage;
+use silt_agent::limits::ReadLimit;
+use silt_agent::metrics::Metrics;
+use silt_agent::transport::memory::{Link, MemoryNetwork};
+use silt_agent::{Agent, AgentConfig, ApiError};
+use silt_metadata::{Metadata, MetadataNode};
+use silt_record::{MessageId, Record};
+use tokio_util::sync::CancellationToken;
+
+const TOPIC: &str = "events";
+
+struct Cluster {
+    net: Arc<MemoryNetwork>,
+    agents: Vec<Agent>,
+    metadata: MetadataNode,
+    cancel: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let metadata = MetadataNode::open(&dir.path().join("metadata"), 1, "memory".into())
+            .await
+            .expect("metadata node");
+        let net = MemoryNetwork::new();
+        let cancel = CancellationToken::new();
+        let mut agents = Vec::new();
+        for i in 0..3 {
+            let id = format!("agent-{i}");
+            let mut config = AgentConfig::new(&id, format!("memory-{i}"), dir.path().join(&id));
+            config.lease = Duration::from_secs(2);
+            config.default_replication_factor = 3;
+            config.peers = Some(net.peers(&id));
+            let agent = Agent::start(
+                config,
+                Metadata::from(metadata.clone()),
+                Arc::new(Metrics::new()),
+                None,
+                cancel.child_token(),
+            )
+            .await
+            .expect("agent starts");
+            net.join(&agent);
+            agents.push(agent);
+        }
+        Cluster { net, agents, metadata, cancel, _dir: dir }
+    }
+
+    fn agent(&self, id: &str) -> &Agent {
+        self.agents.iter().find(|a| a.id() == id).expect("an agent of the cluster")
+    }
+
+    /// The partition's writer and the other members of its open segment, once it has them all.
+    async fn ensemble(&self) -> (String, Vec<String>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let found = self
+                .metadata
+                .read(|s| {
+                    let p = &s.topics.get(TOPIC)?.partitions[0];
+                    let writer = p.writer.clone()?;
+                    let open = p.open_segment()?;
+                    let followers: Vec<String> =
+                        open.ensemble.iter().filter(|a| **a != writer).cloned().collect();
+                    (followers.len() == 2).then_some((writer, followers))
+                })
+                .await
+                .expect("metadata read");
+            if let Some(found) = found {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "no writer with a whole ensemble within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(self) {
+        for a in &self.agents {
+            a.shutdown().await;
+        }
+        self.cancel.cancel();
+        self.metadata.shutdown().await;
+    }
+}
+
+fn message(i: usize) -> ProduceMessage {
+    ProduceMessage {
+        partition: Some(0),
+        value: Some(Bytes::from(format!("message {i}"))),
+        ..ProduceMessage::default()
+    }
+}
+
+/// Produces message `i` through `agent` until it is acknowledged (an error may be `not_writer`
+/// or `unavailable` while the partition changes hands: the producer retries, as clients do).
+async fn produce_acked(agent: &Agent, i: usize) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match agent.produce(TOPIC, vec![message(i)]).await {
+            Ok(ids) => return offset(&ids[0]),
+            Err(e) => assert!(Instant::now() < deadline, "message {i} not acknowledged within 30 s: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn offset(id: &MessageId) -> u64 {
+    assert_eq!((id.topic.as_str(), id.partition), (TOPIC, 0));
+    id.offset
+}
+
+/// Everything `agent` serves of the partition, from offset 0 to the end.
+async fn read_all(agent: &Agent) -> Vec<Record> {
+    let mut records = Vec::new();
+    let mut offset = 0;
+    loop {
+        let (page, next, end) =
+            agent.read(TOPIC, 0, offset, ReadLimit::new(1000, 1 << 20), false).await.expect("read");
+        records.extend(page);
+        if next >= end {
+            return records;
+        }
+        offset = next;
+    }
+}
+
+/// Every acknowledged message is at its offset, once, and no offset holds anything else.
+fn check(records: &[Record], acked: &HashMap<u64, usize>) {
+    let by_offset: BTreeMap<u64, &Record> = records.iter().map(|r| (r.offset, r)).collect();
+    assert_eq!(by_offset.len(), records.len(), "an offset read twice");
+    for (offset, i) in acked {
+        let r =
+            by_offset.get(offset).unwrap_or_else(|| panic!("acknowledged message {i} at {offset} is gone"));
+        assert_eq!(r.value.as_deref(), Some(format!("message {i}").as_bytes()), "offset {offset}");
+    }
+}
+
+/// What `follower` serves of its local log of the partition agrees with the writer's log at
+/// every offset.
+async fn check_held(follower: &Agent, writer_records: &[Record]) {
+    let by_offset: BTreeMap<u64, &Record> = writer_records.iter().map(|r| (r.offset, r)).collect();
+    let (held, _, _) =
+        follower.read_held(TOPIC, 0, 0, ReadLimit::new(10_000, 1 << 24)).await.expect("read held");
+    for r in &held {
+        assert_eq!(
+            by_offset.get(&r.offset).copied(),
+            Some(r),
+            "{} holds another record at {}",
+            follower.id(),
+            r.offset
+        );
+    }
+}
+
+/// The partition's writer once it is not `old`.
+async fn writer_other_than(cluster: &Cluster, old: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let writer = cluster
+            .metadata
+            .read(|s| s.topics.get(TOPIC).and_then(|t| t.partitions[0].writer.clone()))
+            .await
+            .expect("metadata read");
+        match writer {
+            Some(w) if w != old => return w,
+            _ => assert!(Instant::now() < deadline, "{old} still writes the partition after 30 s"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Reads the partition from its writer and checks it, then stops the writer cut off from the
+/// others (it serves nothing more), lets another agent take the partition over, and checks
+/// again: every acknowledged message is at its offset, and the new writer serves the same
+/// record as the old one at every offset. Returns what the new writer serves.
+async fn check_after_losing_the_writer(cluster: &Cluster, acked: &HashMap<u64, usize>) -> Vec<Record> {
+    let (old, _) = cluster.ensemble().await;
+    let before = read_all(cluster.agent(&old)).await;
+    check(&before, acked);
+    cluster.net.isolate(&old, true);
+    cluster.agent(&old).shutdown().await;
+    let new = writer_other_than(cluster, &old).await;
+    let after = read_all(cluster.agent(&new)).await;
+    check(&after, acked);
+    let before: BTreeMap<u64, &Record> = before.iter().map(|r| (r.offset, r)).collect();
+    for r in &after {
+        if let Some(b) = before.get(&r.offset) {
+            assert_eq!(*b, r, "{new} serves another record at {} than {old} did", r.offset);
+        }
+    }
+    after
+}
+
+async fn create_topic(cluster: &Cluster) {
+    cluster.agents[0].create_topic(TOPIC, 1, BTreeMap::new()).await.expect("create topic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_keeps_acknowledging_with_one_follower_cut_off_and_acknowledges_nothing_with_both() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer_id, followers) = cluster.ensemble().await;
+    let writer = cluster.agent(&writer_id);
+    let mut acked = HashMap::new();
+    for i in 0..20 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    // Requests from the writer to one follower are lost; the follower still reaches the writer.
+    cluster.net.set_link(&writer_id, &followers[0], Link::Cut);
+    for i in 20..40 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    // With both followers cut off, W = 2 cannot be reached: nothing is acknowledged.
+    cluster.net.set_link(&writer_id, &followers[1], Link::Cut);
+    let refused: Result<Vec<MessageId>, ApiError> = writer.produce(TOPIC, vec![message(40)]).await;
+    assert!(refused.is_err(), "acknowledged with no follower reachable: {refused:?}");
+    cluster.net.set_link(&writer_id, &followers[0], Link::Up);
+    cluster.net.set_link(&writer_id, &followers[1], Link::Up);
+    for i in 41..60 {
+        acked.insert(produce_acked(&cluster.agents[i % 3], i).await, i);
+    }
+    check_after_losing_the_writer(&cluster, &acked).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_applied_by_a_follower_whose_answers_are_lost_leave_no_second_record_at_any_offset() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer_id, followers) = cluster.ensemble().await;
+    let writer = cluster.agent(&writer_id);
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    // The follower applies and fsyncs every append; the writer never hears that it did.
+    cluster.net.set_link(&writer_id, &followers[0], Link::RepliesLost);
+    for i in 10..30 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    cluster.net.set_link(&writer_id, &followers[0], Link::Up);
+    for i in 30..40 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    let writer_records = read_all(writer).await;
+    // What it applied agrees with the writer's log wherever it serves it.
+    check_held(cluster.agent(&followers[0]), &writer_records).await;
+    check_after_losing_the_writer(&cluster, &acked).await;
+    cluster.stop().await;
+}
