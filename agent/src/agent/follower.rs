@@ -14,7 +14,7 @@ impl Agent {
         partition: u32,
         target: &ReplicaTarget,
     ) -> Result<SharedReplica, ApiError> {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         // Whether metadata knows the partition (of this topic id); refused if it shows the
         // sender deposed.
         let check = |agent: &Agent| -> Result<bool, ApiError> {
@@ -95,7 +95,7 @@ impl Agent {
 
     /// The replica of a partition this agent already has open, if any.
     pub(super) fn open_replica_if_any(&self, topic: &str, partition: u32) -> Option<SharedReplica> {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         let mut replicas = lock(&self.inner.replicas);
         let r = replicas.get(&key).cloned()?;
         let mut replica = lock(&r);
@@ -121,7 +121,7 @@ impl Agent {
         topic_id: u64,
         part: silt_metadata::state::Partition,
     ) -> Result<SharedReplica, ApiError> {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         let slot = self.writer_slot(&key);
         let writer = slot.lock().await;
         if writer.is_some() {

@@ -397,19 +397,22 @@ impl Agent {
             ));
         }
         // Ids by partition: where each partition is written is looked up once per request.
-        let mut by_partition: BTreeMap<(String, u32), Vec<(u64, &String)>> = BTreeMap::new();
+        let mut by_partition: BTreeMap<PartitionKey, Vec<(u64, &String)>> = BTreeMap::new();
         for id in ids {
             let parsed: MessageId = id.parse().map_err(|e: silt_record::MessageIdError| {
                 ApiError::new(ErrorCode::InvalidId, e.to_string())
             })?;
-            by_partition.entry((parsed.topic, parsed.partition)).or_default().push((parsed.offset, id));
+            by_partition
+                .entry(PartitionKey { topic: parsed.topic, partition: parsed.partition })
+                .or_default()
+                .push((parsed.offset, id));
         }
-        let mut local: Vec<((String, u32), Vec<u64>)> = Vec::new();
+        let mut local: Vec<(PartitionKey, Vec<u64>)> = Vec::new();
         let mut remote: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-        for ((topic, partition), offsets) in by_partition {
+        for (PartitionKey { topic, partition }, offsets) in by_partition {
             match self.target(&topic, partition, forwarded).await? {
                 Target::Local(_) => {
-                    local.push(((topic, partition), offsets.iter().map(|(o, _)| *o).collect()))
+                    local.push((PartitionKey { topic, partition }, offsets.iter().map(|(o, _)| *o).collect()))
                 }
                 Target::Remote { agent, addr } => remote
                     .entry((agent, addr))
@@ -436,11 +439,11 @@ impl Agent {
     fn ack_local(
         &self,
         group: &str,
-        local: &[((String, u32), Vec<u64>)],
+        local: &[(PartitionKey, Vec<u64>)],
         dry_run: bool,
     ) -> Result<usize, ApiError> {
         let mut cursors = lock(&self.inner.cursors);
-        for ((topic, partition), offsets) in local {
+        for (PartitionKey { topic, partition }, offsets) in local {
             let cursor = cursors.get(&(group.to_string(), topic.clone(), *partition));
             for offset in offsets {
                 let outcome = cursor.map(|c| c.check_ack(*offset));
@@ -467,7 +470,7 @@ impl Agent {
             return Ok(0);
         }
         let mut acked = 0;
-        for ((topic, partition), offsets) in local {
+        for (PartitionKey { topic, partition }, offsets) in local {
             if let Some(c) = cursors.get_mut(&(group.to_string(), topic.clone(), *partition)) {
                 acked += offsets.iter().filter(|o| c.ack(**o) == AckOutcome::Acked).count();
             }
@@ -541,7 +544,7 @@ impl Agent {
                 .partitions
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
-                .get(&(topic.clone(), partition))
+                .get(&PartitionKey::new(&topic, partition))
                 .map(|r| r.handle.reader().high_watermark());
             if let Some(hwm) = hwm {
                 self.inner

@@ -95,7 +95,7 @@ pub struct AgentConfig {
     /// The time of day commands are stamped with.
     pub clock: Arc<dyn silt_metadata::clock::Clock>,
     /// How this agent reaches the others; `None`: over HTTP, from `peer_source_ip`. Agents in
-    /// one process may share a [`crate::transport::memory::MemoryNetwork`] instead.
+    /// one process may share a [`crate::memory_network::MemoryNetwork`] instead.
     pub peers: Option<Peers>,
 }
 
@@ -245,11 +245,30 @@ pub struct PartitionLag {
     pub in_flight: usize,
 }
 
+/// A partition of a topic, by name: the key of what the agent keeps per partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PartitionKey {
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
+}
+
+impl PartitionKey {
+    pub(crate) fn new(topic: &str, partition: u32) -> PartitionKey {
+        PartitionKey { topic: topic.to_string(), partition }
+    }
+}
+
+impl std::fmt::Display for PartitionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.topic, self.partition)
+    }
+}
+
 type CursorKey = (String, String, u32);
 /// A retired local log: the topic id it belongs to, and its read half.
 type Retired = (u64, Arc<PartitionReader>);
 /// A retired log to check: its partition, topic id and the offset ranges it holds.
-type RetiredRanges = ((String, u32), u64, Vec<(u64, u64)>);
+type RetiredRanges = (PartitionKey, u64, Vec<(u64, u64)>);
 
 /// What request paths need of a topic: its name, id, configuration and partition count, read
 /// from metadata without copying the partitions' segment chains. A chain grows with the topic's
@@ -308,16 +327,16 @@ struct Inner {
     config: AgentConfig,
     metadata: Metadata,
     metrics: Arc<Metrics>,
-    partitions: RwLock<HashMap<(String, u32), Running>>,
+    partitions: RwLock<HashMap<PartitionKey, Running>>,
     /// Each partition's writer slot (see [`WriterSlot`]); this lock is only held to find one.
-    writers: Mutex<HashMap<(String, u32), WriterSlot>>,
+    writers: Mutex<HashMap<PartitionKey, WriterSlot>>,
     /// Reaches other agents, for requests about partitions they write.
     peers: Peers,
     /// Local logs of partitions this agent held but no longer writes, by topic and partition,
     /// with the topic id: they stay readable (for reads and the compactor) until archived.
-    retired: RwLock<HashMap<(String, u32), Retired>>,
+    retired: RwLock<HashMap<PartitionKey, Retired>>,
     /// Partitions this agent follows (holds replicas of segments another agent writes).
-    replicas: Mutex<HashMap<(String, u32), SharedReplica>>,
+    replicas: Mutex<HashMap<PartitionKey, SharedReplica>>,
     /// Whether an ensemble repair runs (one at a time).
     repairing: Arc<std::sync::atomic::AtomicBool>,
     /// Repairs that failed lately, by topic, partition, segment and the agent that was to
@@ -327,7 +346,7 @@ struct Inner {
     /// of other segments.
     repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
-    start_failures: Mutex<HashMap<(String, u32), StartFailure>>,
+    start_failures: Mutex<HashMap<PartitionKey, StartFailure>>,
     /// When this agent last proposed `RebalanceWriters`.
     rebalance_proposed: Mutex<Option<Instant>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
@@ -635,7 +654,7 @@ impl Agent {
     /// Seals the active segment of every partition this agent writes that holds records, so
     /// that all of it can be archived before the agent stops.
     pub async fn roll_all(&self) {
-        let handles: Vec<((String, u32), PartitionHandle)> = self
+        let handles: Vec<(PartitionKey, PartitionHandle)> = self
             .inner
             .partitions
             .read()
@@ -643,7 +662,7 @@ impl Agent {
             .iter()
             .map(|(k, r)| (k.clone(), r.handle.clone()))
             .collect();
-        for ((topic, partition), handle) in handles {
+        for (PartitionKey { topic, partition }, handle) in handles {
             if let Err(e) = handle.roll().await {
                 warn!(topic, partition, error = %e, "sealing the active segment before stopping failed");
             }
@@ -783,7 +802,7 @@ impl Agent {
         let m = &self.inner.metrics;
         m.replication_lag_records.clear();
         m.replication_lag_ms.clear();
-        let running: Vec<((String, u32), Vec<FollowerLag>, usize)> = self
+        let running: Vec<(PartitionKey, Vec<FollowerLag>, usize)> = self
             .inner
             .partitions
             .read()
@@ -792,7 +811,7 @@ impl Agent {
             .map(|(k, r)| (k.clone(), r.handle.follower_lag(), r.replication_factor))
             .collect();
         let mut under = 0;
-        for ((topic, partition), lag, replication_factor) in running {
+        for (PartitionKey { topic, partition }, lag, replication_factor) in running {
             if lag.iter().filter(|l| !l.failed).count() + 1 < replication_factor {
                 under += 1;
             }

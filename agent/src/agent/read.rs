@@ -419,7 +419,7 @@ impl Agent {
 
     /// The local log of a partition: its writer's here, or a retired one.
     pub(super) fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         let running = self
             .inner
             .partitions

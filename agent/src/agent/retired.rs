@@ -9,9 +9,9 @@ impl Agent {
     /// this agent does not hold yet), an empty segment at its end takes its place: the
     /// directory, with its fence, stays for the next segment this agent follows.
     pub(super) async fn trim_replicas(&self) {
-        let replicas: Vec<((String, u32), SharedReplica)> =
+        let replicas: Vec<(PartitionKey, SharedReplica)> =
             lock(&self.inner.replicas).iter().map(|(k, r)| (k.clone(), Arc::clone(r))).collect();
-        for ((topic, partition), shared) in replicas {
+        for (PartitionKey { topic, partition }, shared) in replicas {
             // The chain from the segment holding the replica's first offset on (the chain
             // before it can be long): what `is_archived` needs of it for the replica's segments.
             let start = self.local_reader(&topic, partition).map_or(0, |r| r.log_start());
@@ -84,7 +84,7 @@ impl Agent {
                             .retired
                             .write()
                             .unwrap_or_else(|e| e.into_inner())
-                            .insert((t.name.clone(), p as u32), (t.id, log.reader()));
+                            .insert(PartitionKey::new(&t.name, p as u32), (t.id, log.reader()));
                     }
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
@@ -138,7 +138,7 @@ impl Agent {
             if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
                 *lock(&replica) = None;
             }
-            let (topic, partition) = key;
+            let PartitionKey { topic, partition } = key;
             let dir = self.topic_dir(&topic, topic_id).join(partition.to_string());
             match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
                 Ok(Ok(())) => info!(
@@ -156,7 +156,7 @@ impl Agent {
     /// Whether the retired log of `key` (topic id `topic_id`), holding `ranges`, may go.
     pub(super) fn retired_log_droppable(
         &self,
-        key: &(String, u32),
+        key: &PartitionKey,
         topic_id: u64,
         ranges: &[(u64, u64)],
     ) -> bool {
@@ -164,9 +164,9 @@ impl Agent {
         self.inner.metadata.read_local(|s| {
             let part = s
                 .topics
-                .get(&key.0)
+                .get(&key.topic)
                 .filter(|t| t.id == topic_id)
-                .and_then(|t| t.partitions.get(key.1 as usize));
+                .and_then(|t| t.partitions.get(key.partition as usize));
             retired_log_droppable(part.is_some(), followed, ranges, |first, last| {
                 part.is_some_and(|p| p.is_archived(first, last))
             })

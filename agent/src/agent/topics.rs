@@ -102,7 +102,7 @@ impl Agent {
         for p in 0..count {
             self.stop_writer(name, p).await;
             // No writer or replica of the partition opens while its files go.
-            guards.push(self.writer_slot(&(name.to_string(), p)).lock_owned().await);
+            guards.push(self.writer_slot(&PartitionKey::new(name, p)).lock_owned().await);
         }
         lock(&self.inner.cursors).retain(|(_, t, _), _| t != name);
         let dir = self.topic_dir(name, id);
@@ -113,7 +113,7 @@ impl Agent {
         drop(guards);
         // The deleted topic's slots that nobody holds, waits for or runs a writer in go (the
         // name may be a new topic's already, with writers of its own).
-        lock(&self.inner.writers).retain(|(t, p), slot| {
+        lock(&self.inner.writers).retain(|PartitionKey { topic: t, partition: p }, slot| {
             let idle = Arc::strong_count(slot) == 1 && slot.try_lock().is_ok_and(|w| w.is_none());
             !(t == name && *p < count && idle)
         });

@@ -21,7 +21,7 @@ impl Agent {
     /// writes. A writer that cannot start is retried on the next round.
     pub(super) async fn supervise(&self) {
         let me = self.inner.config.agent_id.clone();
-        let wanted: HashMap<(String, u32), (u64, u64)> = self.inner.metadata.read_local(|s| {
+        let wanted: HashMap<PartitionKey, (u64, u64)> = self.inner.metadata.read_local(|s| {
             s.topics
                 .values()
                 .flat_map(|t| {
@@ -30,7 +30,7 @@ impl Agent {
                         .iter()
                         .enumerate()
                         .filter(move |(_, p)| p.writer.as_deref() == Some(me.as_str()))
-                        .map(move |(i, p)| ((t.name.clone(), i as u32), (t.id, p.epoch)))
+                        .map(move |(i, p)| (PartitionKey::new(&t.name, i as u32), (t.id, p.epoch)))
                 })
                 .collect()
         });
@@ -39,7 +39,7 @@ impl Agent {
         self.drop_archived_retired_logs().await;
         self.trim_replicas().await;
         self.start_repair();
-        let stale: Vec<(String, u32)> = self
+        let stale: Vec<PartitionKey> = self
             .inner
             .partitions
             .read()
@@ -50,7 +50,7 @@ impl Agent {
             .collect();
         // Writers that ended on their own (a failed write) are started again from disk. A slot
         // that is locked is starting or stopping its writer.
-        let ended: Vec<(String, u32)> = lock(&self.inner.writers)
+        let ended: Vec<PartitionKey> = lock(&self.inner.writers)
             .iter()
             .filter(|(_, slot)| {
                 slot.try_lock().is_ok_and(|w| w.as_ref().is_some_and(|w| w.task.is_finished()))
@@ -62,17 +62,17 @@ impl Agent {
             for key in &ended {
                 let error = ApiError::unavailable(format!(
                     "the writer of {}/{} ended (it lost its write quorum or a write failed); it starts again",
-                    key.0, key.1
+                    key.topic, key.partition
                 ));
                 let failure = StartFailure::after(failures.get(key), error);
                 failures.insert(key.clone(), failure);
             }
         }
-        let stale: Vec<(String, u32)> = stale.into_iter().chain(ended).collect();
-        for (topic, partition) in stale {
+        let stale: Vec<PartitionKey> = stale.into_iter().chain(ended).collect();
+        for PartitionKey { topic, partition } in stale {
             self.stop_writer(&topic, partition).await;
         }
-        for (topic, partition) in wanted.keys() {
+        for PartitionKey { topic, partition } in wanted.keys() {
             if let Err(e) = self.partition(topic, *partition).await {
                 warn!(topic, partition, error = %e.message, "cannot start the partition writer; will retry");
             }
@@ -111,9 +111,9 @@ impl Agent {
     ///
     /// A partition whose local log this agent distrusts after a failed fsync (see
     /// [`crate::log::disk`]) is handed over at once, to any other live agent.
-    pub(super) async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<(String, u32), (u64, u64)>) {
+    pub(super) async fn hand_off_unreachable_partitions(&self, wanted: &HashMap<PartitionKey, (u64, u64)>) {
         let lease = self.inner.config.lease;
-        let due: Vec<((String, u32), String, bool)> = {
+        let due: Vec<(PartitionKey, String, bool)> = {
             let mut failures = lock(&self.inner.start_failures);
             // A partition that moved away starts afresh if it comes back, and a writer that
             // ran for a whole lease ends its streak.
@@ -145,7 +145,7 @@ impl Agent {
             if unreachable.is_empty() && !disk {
                 continue;
             }
-            let (topic, partition) = (key.0.clone(), key.1);
+            let (topic, partition) = (key.topic.clone(), key.partition);
             let epoch = wanted[&key].1;
             let cmd = Command::HandOffWriter {
                 topic: topic.clone(),
@@ -189,13 +189,13 @@ impl Agent {
 
     /// The writer slot of a partition (created on first use, forgotten when its topic is
     /// deleted and nobody holds it).
-    pub(super) fn writer_slot(&self, key: &(String, u32)) -> WriterSlot {
+    pub(super) fn writer_slot(&self, key: &PartitionKey) -> WriterSlot {
         Arc::clone(lock(&self.inner.writers).entry(key.clone()).or_default())
     }
 
     /// Stops a partition's writer and waits until it has answered everything queued.
     pub(super) async fn stop_writer(&self, topic: &str, partition: u32) {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         let slot = self.writer_slot(&key);
         let mut writer = slot.lock().await;
         let running = self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
@@ -255,7 +255,7 @@ impl Agent {
     /// reconciling it with metadata on first use. A partition another agent writes is a
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
-        let key = (topic.to_string(), partition);
+        let key = PartitionKey::new(topic, partition);
         // The running writer if it matches metadata (topic id, writer, epoch: read without
         // copying the topic, this runs on every request), else the epoch to start one at.
         let decide = |agent: &Agent| -> Result<Result<PartitionHandle, u64>, ApiError> {
@@ -363,13 +363,8 @@ impl Agent {
             topic: topic.to_string(),
             topic_id: t.id,
             partition,
-            segment_bytes: t.config.segment_bytes,
-            segment_ms: t.config.segment_ms,
-            local_retention_ms: t.config.local_retention_ms,
-            local_retention_bytes: t.config.local_retention_bytes,
+            topic_config: t.config.clone(),
             dir,
-            replication_factor: t.config.replication_factor as usize,
-            write_quorum: t.config.write_quorum(),
             instance: self.inner.instance.clone(),
             clock: Arc::clone(&self.inner.config.clock),
         };

@@ -1,5 +1,5 @@
 //! The agent's HTTP/JSON API (documented in `docs/api.md`): the public routes here, the ones
-//! other agents call in [`internal`]; and the HTTP status every [`ErrorCode`] is answered
+//! other agents call in `internal.rs`; and the HTTP status every [`ErrorCode`] is answered
 //! with ([`status_of`]), the only place the agent names HTTP statuses.
 
 mod internal;
@@ -739,5 +739,23 @@ mod tests {
         }
         let response = ApiError::new(ErrorCode::NotWriter, "m").into_response();
         assert_eq!(response.status(), StatusCode::MISDIRECTED_REQUEST);
+    }
+
+    #[test]
+    fn docs_api_md_lists_every_code_under_its_status() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.md")).unwrap();
+        let rows: Vec<(u16, &str)> = doc
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.strip_prefix("| ")?.splitn(2, " | ");
+                Some((cells.next()?.parse().ok()?, cells.next()?))
+            })
+            .collect();
+        for code in ErrorCode::ALL {
+            let quoted = format!("`{}`", code.as_str());
+            let listed: Vec<u16> =
+                rows.iter().filter(|(_, r)| r.contains(&quoted)).map(|(s, _)| *s).collect();
+            assert_eq!(listed, [status_of(code).as_u16()], "docs/api.md lists {quoted} under {listed:?}");
+        }
     }
 }

@@ -731,6 +731,30 @@ mod tests {
     }
 
     #[test]
+    fn after_a_failed_write_the_log_holds_only_what_an_fsync_covered() {
+        use crate::log::disk::{inject_write_errors, FaultKind};
+        for kind in [FaultKind::NoSpace, FaultKind::ShortWrite] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+            let kept = append(&mut log, &[records(0, 5, 100, |n| n as i64)]);
+            let segment_file = dir.path().join(crate::log::segment::log_file_name(0));
+            // The third batch of the next group fails; the two before it are written, not synced.
+            let fault = inject_write_errors(kind, &segment_file.to_string_lossy(), 2, 1);
+            let group: Vec<RecordBatch> =
+                (0..3).map(|i| batch(&records(5 + 5 * i, 5, 100, |n| n as i64))).collect();
+            let e = log.append_and_sync(group, EPOCH).unwrap_err();
+            assert!(matches!(e, StoreError::Io { .. }), "{kind:?}: {e}");
+            assert_eq!(fault.failed(), 1, "{kind:?}");
+            assert_eq!(log.next_offset(), 5, "{kind:?}: the failed group is not held");
+            drop(log);
+            let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+            assert_eq!(log.next_offset(), 5, "{kind:?}: the failed group is not held after reopening");
+            let later = append(&mut log, &[records(50, 2, 100, |n| n as i64)]);
+            assert_records(&read_all(&log.reader(), 0, 1 << 20), &[kept, later].concat(), 0);
+        }
+    }
+
+    #[test]
     fn read_never_returns_appended_data_that_is_not_published() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
@@ -1027,12 +1051,103 @@ mod tests {
     /// One `append_and_sync` call: per batch, its record count and value size.
     type Group = Vec<(u64, usize)>;
 
+    /// Every batch `reader` serves, from offset 0 on.
+    fn read_batches(reader: &PartitionReader) -> Vec<RecordBatch> {
+        let mut read_back = Vec::new();
+        let mut next = 0;
+        loop {
+            let r = reader.read(next, 1).unwrap();
+            if r.batches.is_empty() {
+                return read_back;
+            }
+            next = r.next_offset;
+            read_back.extend(r.batches);
+        }
+    }
+
     fn group() -> impl Strategy<Value = Group> {
         proptest::collection::vec((1..5u64, 0..300usize), 1..4)
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// Groups of appends, each of which may fail (a full disk or a short write at any of its
+        /// batches, or its fsync), the log opened again after each failure as a writer or a
+        /// replica would; then a group written and not synced, and a power loss that takes back
+        /// every write no fsync covered or tears it anywhere ([`crate::log::disk::PowerLoss`]).
+        /// The log holds every acknowledged batch at its offsets, then a prefix of the unsynced
+        /// group in whole batches, and nothing else; appends continue right after it.
+        #[test]
+        fn a_power_loss_after_failed_writes_and_fsyncs_keeps_exactly_the_acknowledged_batches(
+            steps in proptest::collection::vec((group(), 0..6u8, any::<u8>()), 1..10),
+            unsynced in group(),
+            torn in any::<u32>(),
+        ) {
+            use crate::log::disk::{inject_fsync_errors, inject_write_errors, record_unsynced, FaultKind};
+            let dir = tempfile::tempdir().unwrap();
+            let path_part = dir.path().to_string_lossy().to_string();
+            let power = record_unsynced(&path_part);
+            let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+            let mut tag = 0;
+            let mut acked: Vec<RecordBatch> = Vec::new();
+            for (group, fault, at) in &steps {
+                let batches: Vec<RecordBatch> = group
+                    .iter()
+                    .map(|&(count, value_bytes)| {
+                        tag += count;
+                        batch(&records(tag - count, count, value_bytes, |n| n as i64))
+                    })
+                    .collect();
+                let at = u32::from(*at) % batches.len() as u32;
+                let injected = match fault {
+                    3 => Some(inject_write_errors(FaultKind::NoSpace, &path_part, at, 1)),
+                    4 => Some(inject_write_errors(FaultKind::ShortWrite, &path_part, at, 1)),
+                    5 => Some(inject_fsync_errors(&path_part, 0, 1)),
+                    _ => None,
+                };
+                match log.append_and_sync(batches.clone(), EPOCH) {
+                    Ok(ranges) => {
+                        prop_assert!(injected.is_none());
+                        acked.extend(
+                            batches.into_iter().zip(ranges).map(|(b, (base, _))| b.with_offsets(base, EPOCH as i32)),
+                        );
+                        log.publish();
+                    }
+                    Err(e) => {
+                        prop_assert!(injected.is_some_and(|f| f.failed() == 1), "{e}");
+                        drop(log);
+                        log = PartitionLog::open(dir.path()).unwrap().0;
+                    }
+                }
+                prop_assert_eq!(log.next_offset(), acked.last().map_or(0, RecordBatch::next_offset));
+            }
+            let mut written = Vec::new();
+            for &(count, value_bytes) in &unsynced {
+                let base = log.next_offset();
+                let b = batch(&records(tag, count, value_bytes, |n| n as i64)).with_offsets(base, EPOCH as i32);
+                tag += count;
+                log.active_mut().append(&b).unwrap();
+                written.push(b);
+            }
+            drop(log);
+            let unsynced_bytes = power.unsynced_bytes();
+            prop_assert!(unsynced_bytes >= written.iter().map(|b| b.len_bytes()).sum::<usize>());
+            power.lose_unsynced(torn as usize % (unsynced_bytes + 1)).unwrap();
+
+            let (mut log, _) = PartitionLog::open(dir.path()).unwrap();
+            let reader = log.reader();
+            let read_back = read_batches(&reader);
+            prop_assert!(read_back.len() >= acked.len(), "{} of {} acknowledged batches", read_back.len(), acked.len());
+            prop_assert_eq!(&read_back[..acked.len()], &acked[..]);
+            let survivors = &read_back[acked.len()..];
+            prop_assert!(survivors.len() <= written.len());
+            prop_assert_eq!(survivors, &written[..survivors.len()]);
+            let end = read_back.last().map_or(0, RecordBatch::next_offset);
+            prop_assert_eq!(log.next_offset(), end);
+            let after = log.append_and_sync(vec![batch(&records(10_000, 2, 5, |n| n as i64))], EPOCH).unwrap();
+            prop_assert_eq!(after[0].0, end);
+        }
 
         /// Acknowledged groups survive a crash that cuts the active segment anywhere after the
         /// last acknowledged fsync, and leaves any of the unacknowledged group's sectors
@@ -1098,16 +1213,7 @@ mod tests {
             let (mut log, reports) = PartitionLog::open(dir.path()).unwrap();
             prop_assert!(reports.iter().all(|r| r.corrupt_ranges.is_empty()));
             let reader = log.reader();
-            let mut read_back = Vec::new();
-            let mut next = 0;
-            loop {
-                let r = reader.read(next, 1).unwrap();
-                if r.batches.is_empty() {
-                    break;
-                }
-                next = r.next_offset;
-                read_back.extend(r.batches);
-            }
+            let read_back = read_batches(&reader);
             prop_assert!(read_back.len() >= acked.len());
             prop_assert_eq!(&read_back[..acked.len()], &acked[..]);
             let survivors = &read_back[acked.len()..];

@@ -264,8 +264,7 @@ impl Segment {
                             // Space written ahead of appends that never came: nothing was lost.
                             // Cut without an fsync: zeros that come back after a crash are cut again.
                             debug!(path = %self.path.display(), at = position, bytes = len - position, "dropping zero-filled space after the last batch");
-                            self.file
-                                .set_len(position)
+                            crate::log::disk::set_len(&self.file, &self.path, position)
                                 .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
                             report.preallocated_bytes = len - position;
                             break;
@@ -278,8 +277,7 @@ impl Segment {
                                 %reason,
                                 "truncating a torn tail that was never acknowledged"
                             );
-                            self.file
-                                .set_len(position)
+                            crate::log::disk::set_len(&self.file, &self.path, position)
                                 .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
                             crate::log::disk::sync_all(&self.file, &self.path)
                                 .map_err(|e| StoreError::io(&self.path, "fsync", e))?;
@@ -467,9 +465,10 @@ impl Segment {
     pub fn append(&mut self, batch: &RecordBatch) -> Result<(), StoreError> {
         debug_assert_eq!(batch.base_offset(), self.next_offset);
         let position = self.size_bytes;
-        self.file
-            .write_all_at(batch.as_bytes(), position)
-            .map_err(|e| StoreError::io(&self.path, "write", e))?;
+        if let Err(e) = crate::log::disk::write_all_at(&self.file, &self.path, batch.as_bytes(), position) {
+            // What the group wrote before is never acknowledged, and may be torn: cut it off.
+            return Err(self.discard_unsynced(StoreError::io(&self.path, "write", e)));
+        }
         self.size_bytes += batch.len_bytes() as u64;
         self.note_batch(position, batch);
         Ok(())
@@ -493,9 +492,7 @@ impl Segment {
     /// fails too, the directory is distrusted ([`crate::log::disk::distrust`]). Returns `error`.
     fn discard_unsynced(&mut self, error: StoreError) -> StoreError {
         let durable = self.synced_bytes;
-        let cut = self
-            .file
-            .set_len(durable)
+        let cut = crate::log::disk::set_len(&self.file, &self.path, durable)
             .and_then(|()| crate::log::disk::sync_all(&self.file, &self.path))
             .map_err(|e| StoreError::io(&self.path, "cut back to its last fsync", e))
             .and_then(|()| Segment::open_with(&self.path, self.base_offset, false, Tail::Synced));
@@ -540,7 +537,9 @@ impl Segment {
         static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
         while self.allocated_bytes < to {
             let n = ZEROS.len().min((to - self.allocated_bytes) as usize);
-            if let Err(e) = self.file.write_all_at(&ZEROS[..n], self.allocated_bytes) {
+            if let Err(e) =
+                crate::log::disk::write_all_at(&self.file, &self.path, &ZEROS[..n], self.allocated_bytes)
+            {
                 debug!(path = %self.path.display(), error = %e, "cannot write zero-filled space ahead of appends");
                 return;
             }
@@ -559,7 +558,8 @@ impl Segment {
         // By the file's own length: a zero fill that failed midway wrote some of its zeros.
         let len = self.file.metadata().map_err(|e| StoreError::io(&self.path, "stat", e))?.len();
         if len > self.size_bytes {
-            self.file.set_len(self.size_bytes).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+            crate::log::disk::set_len(&self.file, &self.path, self.size_bytes)
+                .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
         }
         self.allocated_bytes = self.size_bytes;
         self.sync()?;
@@ -737,7 +737,8 @@ impl Segment {
                 Err(e) => return Err(StoreError::io(&p, "remove", e)),
             }
         }
-        self.file.set_len(at.position).map_err(|e| StoreError::io(&self.path, "truncate", e))?;
+        crate::log::disk::set_len(&self.file, &self.path, at.position)
+            .map_err(|e| StoreError::io(&self.path, "truncate", e))?;
         crate::log::disk::sync_all(&self.file, &self.path)
             .map_err(|e| StoreError::FsyncFailed { path: self.path.clone(), source: e })?;
         // Synced up to the cut: whatever is bad in it is damage, not a torn group.

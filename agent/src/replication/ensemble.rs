@@ -153,6 +153,10 @@ impl Ensemble {
         committed: u64,
     ) -> Result<(), StoreError> {
         debug_assert!(committed <= end, "committed {committed} past the group's end {end}");
+        debug_assert!(
+            batches.windows(2).all(|w| w[0].next_offset() == w[1].base_offset()),
+            "a group's batches leave a gap or overlap"
+        );
         // No early return for an ensemble short of followers: W - 1 acknowledgements are
         // needed whatever the writer's copy of metadata named.
         if self.needed == 0 && self.followers.is_empty() {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use silt_metadata::state::Segment;
-use silt_metadata::{Command, Metadata};
+use silt_metadata::{Command, Metadata, TopicConfig};
 use silt_record::RecordBatch;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -52,24 +52,29 @@ pub struct WriterConfig {
     pub topic_id: u64,
     /// Partition number.
     pub partition: u32,
-    /// Roll when the active segment would grow past this.
-    pub segment_bytes: u64,
-    /// Roll when the active segment's first record is this old.
-    pub segment_ms: u64,
-    /// Keep the local copy of an archived segment this long after it was archived.
-    pub local_retention_ms: u64,
-    /// Keep at most this many bytes of archived segments locally.
-    pub local_retention_bytes: Option<u64>,
+    /// The topic's configs as metadata holds them (`segment.bytes` and `segment.ms` say when
+    /// to roll, `local.retention.*` how long archived segments stay, `replication.factor` and
+    /// `min.insync.replicas` the ensemble's size and write quorum); altered ones are picked up
+    /// while the writer runs.
+    pub topic_config: TopicConfig,
     /// The partition's local log directory (its `fence` file is the writer's epoch).
     pub dir: PathBuf,
-    /// `replication.factor`: agents in each segment's ensemble.
-    pub replication_factor: usize,
-    /// `min.insync.replicas`: replicas that must have fsynced a batch before it is acknowledged.
-    pub write_quorum: usize,
     /// This agent's data-directory instance, recorded with each ensemble.
     pub instance: String,
     /// The time of day segments are stamped with.
     pub clock: Arc<dyn silt_metadata::clock::Clock>,
+}
+
+impl WriterConfig {
+    /// `replication.factor`: agents in each segment's ensemble.
+    fn replication_factor(&self) -> usize {
+        self.topic_config.replication_factor as usize
+    }
+
+    /// `min.insync.replicas`: replicas that must have fsynced a batch before it is acknowledged.
+    fn write_quorum(&self) -> usize {
+        self.topic_config.write_quorum()
+    }
 }
 
 struct AppendRequest {
@@ -296,7 +301,7 @@ impl PartitionWriter {
         let me = self.config.agent_id.clone();
         let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
         let members = &open.ensemble;
-        let w = self.config.write_quorum.clamp(1, members.len().max(1));
+        let w = self.config.write_quorum().clamp(1, members.len().max(1));
         let needed = crate::replication::recovery::answers_needed(members.len(), w);
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
@@ -550,7 +555,7 @@ impl PartitionWriter {
     fn start_ensemble(&mut self, base: u64) {
         let me = self.config.agent_id.clone();
         let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
-        let r = self.config.replication_factor.max(1);
+        let r = self.config.replication_factor().max(1);
         let (followers, recorded): (Vec<(String, String)>, Option<usize>) = self.metadata.read_local(|s| {
             let Some(seg) = s
                 .topics
@@ -569,12 +574,12 @@ impl PartitionWriter {
                 .collect();
             (followers, Some(seg.ensemble.len()))
         });
-        if followers.len() + 1 < self.config.write_quorum {
+        if followers.len() + 1 < self.config.write_quorum() {
             // A stale copy, another writer that sealed the segment meanwhile, or a member
             // metadata forgot: every write fails for want of acknowledgements until the next
             // writer recovers the segment (an idle writer opens another one first).
             warn!(topic = %topic, partition, segment = base, followers = followers.len(),
-                found = recorded.is_some(), write_quorum = self.config.write_quorum,
+                found = recorded.is_some(), write_quorum = self.config.write_quorum(),
                 "this agent's copy of metadata names fewer followers of the segment it opened than the write quorum needs");
         }
         let target = ReplicaTarget {
@@ -590,7 +595,7 @@ impl PartitionWriter {
             target,
             followers,
             recorded.unwrap_or(r),
-            self.config.write_quorum,
+            self.config.write_quorum(),
         ));
     }
 
@@ -620,16 +625,16 @@ impl PartitionWriter {
             // A member whose lease lapsed or that this agent cannot reach, while another live
             // agent could take its place.
             let lapsed = live_members < open.ensemble.len() && live > live_members;
-            replaced || lapsed || (size < self.config.replication_factor && live > size)
+            replaced || lapsed || (size < self.config.replication_factor() && live > size)
         })
     }
 
     /// This agent first, then R - 1 live agents that are members of the fewest open
     /// segments, leaving out those that did not answer this agent lately
-    /// ([`Peers::is_unreachable`]). Fewer than W is an error: nothing could be acknowledged.
+    /// ([`Peer::is_unreachable`](crate::transport::Peer::is_unreachable)). Fewer than W is an error: nothing could be acknowledged.
     fn choose_ensemble(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let me = self.config.agent_id.as_str();
-        let (r, w) = (self.config.replication_factor.max(1), self.config.write_quorum.max(1));
+        let (r, w) = (self.config.replication_factor().max(1), self.config.write_quorum().max(1));
         let (chosen, instances, live, unreachable) = self.metadata.read_local(|s| {
             let (reachable, unreachable): (Vec<String>, Vec<String>) = s
                 .live_agents()
@@ -693,7 +698,7 @@ impl PartitionWriter {
         cancel: CancellationToken,
     ) {
         let tick_every = |segment_ms: u64| Duration::from_millis((segment_ms / 4).clamp(25, 1000));
-        let mut tick = tokio::time::interval(tick_every(self.config.segment_ms));
+        let mut tick = tokio::time::interval(tick_every(self.config.topic_config.segment_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
@@ -710,8 +715,8 @@ impl PartitionWriter {
                         self.abandon().await;
                         break;
                     }
-                    if tick.period() != tick_every(self.config.segment_ms) {
-                        tick = tokio::time::interval(tick_every(self.config.segment_ms));
+                    if tick.period() != tick_every(self.config.topic_config.segment_ms) {
+                        tick = tokio::time::interval(tick_every(self.config.topic_config.segment_ms));
                         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     }
                     continue;
@@ -795,7 +800,7 @@ impl PartitionWriter {
             let mut chunk = Vec::new();
             while let Some(r) = pending.peek() {
                 let len = r.batch.len_bytes() as u64;
-                if size > 0 && size + len > self.config.segment_bytes {
+                if size > 0 && size + len > self.config.topic_config.segment_bytes {
                     break;
                 }
                 size += len;
@@ -951,10 +956,7 @@ impl PartitionWriter {
         else {
             return;
         };
-        self.config.segment_bytes = c.segment_bytes;
-        self.config.segment_ms = c.segment_ms;
-        self.config.local_retention_ms = c.local_retention_ms;
-        self.config.local_retention_bytes = c.local_retention_bytes;
+        self.config.topic_config = c;
     }
 
     /// Rolls the active segment when it is older than `segment.ms`, or when its ensemble
@@ -975,7 +977,7 @@ impl PartitionWriter {
         }
         let old = self
             .first_append_at
-            .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.segment_ms));
+            .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.topic_config.segment_ms));
         let degraded = self.ensemble.as_ref().is_some_and(|e| {
             // A follower left, or lost its disk (it registered from another data directory),
             // or the segment opened with fewer replicas than replication.factor and more
@@ -1052,8 +1054,8 @@ impl PartitionWriter {
         let mut local_bytes: u64 = prefix.iter().map(|s| s.2).sum();
         let mut drop_before = expired_before;
         for (_, next, size, archived_ms) in &prefix {
-            let expired = archived_ms.is_some_and(|t| t + self.config.local_retention_ms <= now);
-            let over = self.config.local_retention_bytes.is_some_and(|max| local_bytes > max);
+            let expired = archived_ms.is_some_and(|t| t + self.config.topic_config.local_retention_ms <= now);
+            let over = self.config.topic_config.local_retention_bytes.is_some_and(|max| local_bytes > max);
             if !(expired || over) {
                 break;
             }

@@ -110,9 +110,19 @@ impl HttpPeers {
         }
         match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(ErrorBody { error }) => {
-                // A code this agent does not know (from a newer one) is taken for "try again".
-                let code = ErrorCode::parse(&error.code).unwrap_or(ErrorCode::Unavailable);
-                Err(ApiError::new(code, error.message))
+                Err(match ErrorCode::parse(&error.code) {
+                    Some(code) => ApiError::new(code, error.message),
+                    // A code this agent does not know (from a newer one): a fault of the request
+                    // stays one, anything else is taken for "try again".
+                    None if status.is_client_error() => ApiError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("{} (agent '{agent}' answered {status} {})", error.message, error.code),
+                    ),
+                    None => ApiError::unavailable(format!(
+                        "{} (agent '{agent}' answered {status} {})",
+                        error.message, error.code
+                    )),
+                })
             }
             Err(_) => Err(ApiError::unavailable(format!(
                 "agent '{agent}' at {addr} answered {status}: {}",

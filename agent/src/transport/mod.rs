@@ -4,15 +4,15 @@
 //! to repair a segment.
 //!
 //! All of it goes through the [`Peer`] trait: [`http::HttpPeers`] between processes,
-//! [`memory::MemoryNetwork`] between agents in one process (tests, and a simulated network that
-//! cuts links and loses replies). Both follow the same rules: a request forwarded once is never
+//! `crate::memory_network::MemoryNetwork` between agents in one process (tests, and a
+//! simulated network that cuts links and loses replies; it sits above the agent, whose methods
+//! it calls). Both follow the same rules: a request forwarded once is never
 //! forwarded again (an agent that is not the writer either answers `not_writer`), so a stale
 //! view of metadata can cause an error but never a loop; a request that gets no answer within
 //! its timeout fails as `unavailable`, and may still have been applied; an agent that did not
 //! answer counts as unreachable for [`UNREACHABLE_FOR`] unless it answers something meanwhile.
 
 pub mod http;
-pub mod memory;
 pub mod wire;
 
 use std::collections::HashMap;

@@ -1,8 +1,11 @@
 //! [`MemoryNetwork`]: agents in one process reaching each other without sockets, for tests
-//! and simulation. A request runs as its own task on the receiving agent, as an HTTP server
-//! would run it, under the same timeout as over HTTP; the network can cut a link (the request
-//! never arrives) or lose its replies (the request is applied, the sender hears nothing), in
-//! one direction at a time.
+//! and simulation: the in-process counterpart of the HTTP client ([`crate::transport::http`])
+//! and the internal routes ([`crate::api`]) together. A request runs as its own task on the
+//! receiving agent, as an HTTP server would run it, under the same timeout as over HTTP, and is
+//! dropped when that runs out (as a server drops a handler whose client left). The network can
+//! cut a link (the request never arrives; the sender hears so at once, as from a refused
+//! connection) or lose its replies (the request is applied; the sender hears nothing, at once
+//! rather than after the timeout), in one direction at a time.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,13 +14,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{CollectRequest, Peer, Peers, Reachability, RecordPage, ReplicaTarget};
-use super::{PEER_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT};
 use crate::agent::{Agent, WeakAgent};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::group_cursor::Delivered;
 use crate::limits::{ReadLimit, READ_BYTES_MAX, REPLAY_MAX};
 use crate::log::replica::HeldSegment;
+use crate::transport::{
+    CollectRequest, Peer, Peers, Reachability, RecordPage, ReplicaTarget, WireRecord, PEER_TIMEOUT,
+    REPAIR_TIMEOUT, REPLICA_TIMEOUT,
+};
 
 /// What happens to requests from one agent to another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +54,8 @@ impl MemoryNetwork {
         Arc::new(MemoryPeers { me: me.to_string(), net: Arc::clone(self), reach: Reachability::default() })
     }
 
-    /// Makes `agent` reachable by its id. An agent that stops (or is dropped) is unreachable
-    /// again; a new agent joining under the same id replaces it.
+    /// Makes `agent` reachable by its id. An agent that stops (`Agent::shutdown`) is
+    /// unreachable again; a new agent joining under the same id replaces it.
     pub fn join(&self, agent: &Agent) {
         let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
         agents.insert(agent.id().to_string(), agent.downgrade());
@@ -118,14 +123,15 @@ impl MemoryPeers {
             self.reach.reached(to, false);
             return Err(lost("unreachable"));
         };
-        let task = tokio::spawn(request(agent));
-        let answer = match tokio::time::timeout(timeout, task).await {
+        let mut task = tokio::spawn(request(agent));
+        let answer = match tokio::time::timeout(timeout, &mut task).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
                 self.reach.reached(to, false);
                 return Err(lost(&format!("its handler failed: {e}")));
             }
             Err(_) => {
+                task.abort();
                 self.reach.reached(to, false);
                 return Err(lost(&format!("no answer within {timeout:?}")));
             }
@@ -139,8 +145,20 @@ impl MemoryPeers {
     }
 }
 
-/// A read's limit as the answering agent applies it (as the HTTP routes do).
-fn served(limit: ReadLimit) -> ReadLimit {
+/// A forwarded read's limit as the answering agent takes it: `HttpPeers` sends the byte limit
+/// within bounds, and the route refuses a record count out of them.
+fn forwarded_read(limit: ReadLimit) -> Result<ReadLimit, ApiError> {
+    if limit.records == 0 || limit.records > REPLAY_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidMax,
+            format!("max must be between 1 and {REPLAY_MAX}, got {}", limit.records),
+        ));
+    }
+    Ok(ReadLimit::new(limit.records, limit.bytes.clamp(1, READ_BYTES_MAX)))
+}
+
+/// A held read's limit as the answering agent takes it (the route clamps both).
+fn held_read(limit: ReadLimit) -> ReadLimit {
     ReadLimit::new(limit.records.clamp(1, REPLAY_MAX), limit.bytes.clamp(1, READ_BYTES_MAX))
 }
 
@@ -177,7 +195,7 @@ impl Peer for MemoryPeers {
         let topic = topic.to_string();
         self.send(to, PEER_TIMEOUT, move |a| async move {
             let (records, next_offset, high_watermark) =
-                a.read(&topic, partition, offset, served(limit), true).await?;
+                a.read(&topic, partition, offset, forwarded_read(limit)?, true).await?;
             Ok(RecordPage { records, next_offset, high_watermark })
         })
         .await
@@ -194,7 +212,7 @@ impl Peer for MemoryPeers {
         let topic = topic.to_string();
         self.send(to, PEER_TIMEOUT, move |a| async move {
             let (records, next_offset, high_watermark) =
-                a.read_held(&topic, partition, offset, served(limit)).await?;
+                a.read_held(&topic, partition, offset, held_read(limit)).await?;
             Ok(RecordPage { records, next_offset, high_watermark })
         })
         .await
@@ -286,7 +304,7 @@ impl Peer for MemoryPeers {
         let records = self
             .send(to, PEER_TIMEOUT, move |a| async move { a.collect_for_peer(&topic, req).await })
             .await?;
-        records.into_iter().map(super::WireRecord::into_delivered).collect()
+        records.into_iter().map(WireRecord::into_delivered).collect()
     }
 
     async fn ack(
