@@ -21,7 +21,7 @@ use crate::limits::{ReadLimit, READ_BYTES_MAX, REPLAY_MAX};
 use crate::log::replica::HeldSegment;
 use crate::transport::{
     CollectRequest, Peer, Peers, Reachability, RecordPage, ReplicaTarget, WireRecord, PEER_TIMEOUT,
-    REPAIR_TIMEOUT, REPLICA_TIMEOUT,
+    PROBE_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT,
 };
 
 /// What happens to requests from one agent to another.
@@ -166,6 +166,10 @@ fn held_read(limit: ReadLimit) -> ReadLimit {
 impl Peer for MemoryPeers {
     fn is_unreachable(&self, agent: &str) -> bool {
         self.reach.is_unreachable(agent)
+    }
+
+    async fn probe(&self, to: (&str, &str)) -> bool {
+        self.send(to, PROBE_TIMEOUT, |_| async { Ok(()) }).await.is_ok()
     }
 
     async fn append(

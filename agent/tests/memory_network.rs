@@ -259,3 +259,57 @@ async fn appends_applied_by_a_follower_whose_answers_are_lost_leave_no_second_re
     check_after_losing_the_writer(&cluster, &acked).await;
     cluster.stop().await;
 }
+
+/// How many ensemble repairs `agent` counted with `outcome`.
+fn repairs(agent: &Agent, outcome: &str) -> u64 {
+    let prefix = format!("silt_agent_ensemble_repairs_total{{outcome=\"{outcome}\"}} ");
+    agent.metrics().encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+/// A segment sealed while a follower was cut off from the writer is short of a replica; the
+/// writer, its repairer, does not ask the agent it cannot reach to copy it (a refused attempt
+/// would keep that agent from being asked again for a while), and has it copied once the link
+/// is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_sealed_without_a_cut_off_follower_is_repaired_by_it_once_the_link_is_back() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer_id, followers) = cluster.ensemble().await;
+    let writer = cluster.agent(&writer_id);
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    cluster.net.set_link(&writer_id, &followers[0], Link::Cut);
+    for i in 10..20 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    writer.roll_all().await;
+    let short = |s: &silt_metadata::MetadataState| {
+        let p = &s.topics[TOPIC].partitions[0];
+        p.segments.values().filter(|seg| seg.last_offset.is_some()).any(|seg| seg.ensemble.len() < 3)
+    };
+    assert!(
+        cluster.metadata.read(short).await.expect("metadata read"),
+        "a segment sealed short of a replica"
+    );
+    // Rounds of the writer's supervisor pass while the follower stays cut off.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        assert_eq!(repairs(writer, "failed"), 0, "a repair asked an agent the writer cannot reach");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.net.set_link(&writer_id, &followers[0], Link::Up);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.metadata.read(short).await.expect("metadata read") {
+        assert!(
+            Instant::now() < deadline,
+            "a sealed segment still short of a replica 60 s after the link is back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(repairs(writer, "failed"), 0);
+    assert!(repairs(writer, "added") >= 1);
+    check_after_losing_the_writer(&cluster, &acked).await;
+    cluster.stop().await;
+}

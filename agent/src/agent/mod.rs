@@ -61,6 +61,8 @@ const REMOTE_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Suffix of dead-letter topics.
 pub const DLQ_SUFFIX: &str = ".dlq";
 
+/// How often an agent that did not answer is asked whether it answers again.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often the agent measures the disk space its logs take and the space left.
@@ -347,6 +349,8 @@ struct Inner {
     repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<PartitionKey, StartFailure>>,
+    /// Agents found unreachable that were asked lately whether they answer again, and when.
+    probed: Mutex<HashMap<String, Instant>>,
     /// When this agent last proposed `RebalanceWriters`.
     rebalance_proposed: Mutex<Option<Instant>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
@@ -476,6 +480,7 @@ impl Agent {
                 replicas: Mutex::new(HashMap::new()),
                 start_failures: Mutex::new(HashMap::new()),
                 rebalance_proposed: Mutex::new(None),
+                probed: Mutex::new(HashMap::new()),
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 repair_failures: Mutex::new(HashMap::new()),
                 instance,

@@ -100,8 +100,11 @@ impl Agent {
             failures.retain(|_, until| *until > now);
             failures.clone()
         };
+        // An agent this one cannot reach would refuse the copy, and be kept from being asked
+        // again for REPAIR_RETRY_AFTER after the link is back: it is not asked at all.
         let failed_lately = |topic: &str, partition: u32, segment: u64, agent: &str| {
             failures.contains_key(&(topic.to_string(), partition, segment, agent.to_string()))
+                || self.inner.peers.is_unreachable(agent)
         };
         self.inner
             .metadata

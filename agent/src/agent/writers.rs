@@ -38,6 +38,7 @@ impl Agent {
         self.export_replication_lag();
         self.drop_archived_retired_logs().await;
         self.trim_replicas().await;
+        self.probe_unreachable();
         self.start_repair();
         let stale: Vec<PartitionKey> = self
             .inner
@@ -405,5 +406,30 @@ impl Agent {
             },
         );
         Ok(handle)
+    }
+
+    /// Asks each live agent this one found unreachable whether it answers again, at most every
+    /// [`PROBE_INTERVAL`]: ensemble choice and repair leave unreachable agents out, and a link
+    /// that is back should count as soon as it is, not once the mark runs out.
+    fn probe_unreachable(&self) {
+        let me = self.inner.config.agent_id.as_str();
+        let now_ms = self.now_ms();
+        let due: Vec<(String, String)> = self.inner.metadata.read_local(|s| {
+            s.agents
+                .values()
+                .filter(|a| a.id != me && a.is_live(now_ms) && self.inner.peers.is_unreachable(&a.id))
+                .map(|a| (a.id.clone(), a.addr.clone()))
+                .collect()
+        });
+        let mut probed = lock(&self.inner.probed);
+        probed.retain(|id, at| at.elapsed() < PROBE_INTERVAL && due.iter().any(|(d, _)| d == id));
+        for (id, addr) in due {
+            if probed.contains_key(&id) {
+                continue;
+            }
+            probed.insert(id.clone(), Instant::now());
+            let peers = self.inner.peers.clone();
+            tokio::spawn(async move { peers.probe((&id, &addr)).await });
+        }
     }
 }

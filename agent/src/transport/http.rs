@@ -16,7 +16,7 @@ use serde::Deserialize;
 use super::wire::{
     CollectRequest, RecordPage, ReplicaTarget, WireRecord, FORWARDED_HEADER, RECORD_BATCHES_TYPE,
 };
-use super::{Peer, Reachability, PEER_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT};
+use super::{Peer, Reachability, PEER_TIMEOUT, PROBE_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT};
 use crate::error::{ApiError, ErrorCode};
 use crate::group_cursor::Delivered;
 use crate::limits::{ReadLimit, READ_BYTES_MAX};
@@ -159,6 +159,11 @@ impl HttpPeers {
 impl Peer for HttpPeers {
     fn is_unreachable(&self, agent: &str) -> bool {
         self.reach.is_unreachable(agent)
+    }
+
+    async fn probe(&self, (agent, addr): (&str, &str)) -> bool {
+        let request = self.http.get(Self::url(addr, "/health"));
+        self.send_raw(agent, addr, request, PROBE_TIMEOUT).await.is_ok()
     }
 
     async fn append(

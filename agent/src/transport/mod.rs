@@ -32,6 +32,8 @@ pub use wire::{
     NEXT_OFFSET_HEADER, RECORD_BATCHES_TYPE,
 };
 
+/// Longest a probe of an agent that did not answer may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest a forwarded request may take beyond its own wait (a poll's timeout).
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a replica append or fence may take before the writer counts that replica as failed.
@@ -51,6 +53,11 @@ pub trait Peer: std::fmt::Debug + Send + Sync + 'static {
     /// answered since. Metadata says which agents are live (they reach metadata), not which
     /// ones this agent can reach: a writer cut off from some chooses its ensembles without them.
     fn is_unreachable(&self, agent: &str) -> bool;
+
+    /// Asks `to` whether it answers at all (an agent that did not answer is asked again so,
+    /// so that it counts as reachable as soon as it answers, not only once
+    /// [`UNREACHABLE_FOR`] has passed). Whether it answered.
+    async fn probe(&self, to: (&str, &str)) -> bool;
 
     /// Appends a batch on the partition's writer; returns its first and last offset.
     async fn append(
