@@ -1,8 +1,8 @@
 //! The Silt agent: a stateless broker.
 //!
 //! Layers, each using only the ones above it in this list:
-//! - [`limits`], [`error`], [`metrics`], [`group_cursor`]: bounds, error codes, gauges, a
-//!   group's delivery state on a partition (no I/O).
+//! - [`limits`], [`error`], [`metrics`], [`group_cursor`], `sync`: bounds, error codes, gauges, a
+//!   group's delivery state on a partition (no I/O), the one way std locks are taken.
 //! - [`log`]: the local segment store, disk only: segments of Kafka RecordBatch v2 batches
 //!   with sparse offset and time indexes, a partition's chain of them, the follower's replicas
 //!   and fence, and the fsync seam ([`log::disk`]).
@@ -29,6 +29,7 @@ pub mod log;
 pub mod memory_network;
 pub mod metrics;
 pub mod replication;
+mod sync;
 pub mod transport;
 
 pub use agent::{Agent, AgentConfig, Archive};

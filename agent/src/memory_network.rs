@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -21,7 +21,7 @@ use crate::limits::{ReadLimit, READ_BYTES_MAX, REPLAY_MAX};
 use crate::log::replica::HeldSegment;
 use crate::transport::{
     CollectRequest, Peer, Peers, Reachability, RecordPage, ReplicaTarget, WireRecord, PEER_TIMEOUT,
-    PROBE_TIMEOUT, REPAIR_TIMEOUT, REPLICA_TIMEOUT,
+    REPAIR_TIMEOUT, REPLICA_TIMEOUT,
 };
 
 /// What happens to requests from one agent to another.
@@ -57,13 +57,13 @@ impl MemoryNetwork {
     /// Makes `agent` reachable by its id. An agent that stops (`Agent::shutdown`) is
     /// unreachable again; a new agent joining under the same id replaces it.
     pub fn join(&self, agent: &Agent) {
-        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        let mut agents = crate::sync::write_lock(&self.agents);
         agents.insert(agent.id().to_string(), agent.downgrade());
     }
 
     /// Sets what happens to requests from `from` to `to`.
     pub fn set_link(&self, from: &str, to: &str, link: Link) {
-        let mut links = self.links.write().unwrap_or_else(|e| e.into_inner());
+        let mut links = crate::sync::write_lock(&self.links);
         if link == Link::Up {
             links.remove(&(from.to_string(), to.to_string()));
         } else {
@@ -75,7 +75,7 @@ impl MemoryNetwork {
     /// its side), or mends them all.
     pub fn isolate(&self, agent: &str, isolated: bool) {
         let ids: Vec<String> = {
-            let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+            let agents = crate::sync::read_lock(&self.agents);
             agents.keys().filter(|id| id.as_str() != agent).cloned().collect()
         };
         let link = if isolated { Link::Cut } else { Link::Up };
@@ -86,12 +86,12 @@ impl MemoryNetwork {
     }
 
     fn link(&self, from: &str, to: &str) -> Link {
-        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        let links = crate::sync::read_lock(&self.links);
         links.get(&(from.to_string(), to.to_string())).copied().unwrap_or(Link::Up)
     }
 
     fn agent(&self, id: &str) -> Option<Agent> {
-        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        let agents = crate::sync::read_lock(&self.agents);
         agents.get(id).and_then(WeakAgent::upgrade).filter(|a| !a.is_stopped())
     }
 }
@@ -164,12 +164,16 @@ fn held_read(limit: ReadLimit) -> ReadLimit {
 
 #[async_trait::async_trait]
 impl Peer for MemoryPeers {
-    fn is_unreachable(&self, agent: &str) -> bool {
-        self.reach.is_unreachable(agent)
+    fn unreachable_since(&self, agent: &str) -> Option<Instant> {
+        self.reach.unreachable_since(agent)
     }
 
-    async fn probe(&self, to: (&str, &str)) -> bool {
-        self.send(to, PROBE_TIMEOUT, |_| async { Ok(()) }).await.is_ok()
+    async fn probe(&self, (to, _): (&str, &str)) -> bool {
+        let answered = self.net.link(&self.me, to) == Link::Up && self.net.agent(to).is_some();
+        if answered {
+            self.reach.reached(to, true);
+        }
+        answered
     }
 
     async fn append(

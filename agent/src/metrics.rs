@@ -262,7 +262,7 @@ impl Metrics {
         if prometheus_client::encoding::text::encode_registry(&mut out, &self.registry).is_err() {
             out.clear();
         }
-        for source in self.sources.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for source in crate::sync::lock(&self.sources).iter() {
             out.push_str(&source());
         }
         out.push_str("# EOF\n");
@@ -271,7 +271,7 @@ impl Metrics {
 
     /// Adds another component's metrics, encoded in the text format without `# EOF`.
     pub fn add_source(&self, source: impl Fn() -> String + Send + Sync + 'static) {
-        self.sources.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(source));
+        crate::sync::lock(&self.sources).push(Box::new(source));
     }
 
     /// Labels for a topic.

@@ -313,3 +313,28 @@ async fn a_segment_sealed_without_a_cut_off_follower_is_repaired_by_it_once_the_
     check_after_losing_the_writer(&cluster, &acked).await;
     cluster.stop().await;
 }
+
+/// A probe clears the unreachable mark of an agent that answers again, and neither makes nor
+/// prolongs one when it gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_clears_the_mark_of_an_agent_that_answers_again_and_makes_none() {
+    let cluster = Cluster::start().await;
+    let observer = cluster.net.peers("observer");
+    let target = ("agent-0", "memory-0");
+    cluster.net.set_link("observer", "agent-0", Link::Cut);
+    assert!(!observer.probe(target).await, "answered across a cut link");
+    assert!(!observer.is_unreachable("agent-0"), "a probe that got no answer made a mark");
+    // A request that gets no answer makes one.
+    assert!(observer.offset_for_time(target, TOPIC, 0, 0).await.is_err());
+    let since = observer.unreachable_since("agent-0").expect("marked unreachable");
+    assert!(!observer.probe(target).await);
+    assert_eq!(
+        observer.unreachable_since("agent-0"),
+        Some(since),
+        "a probe that got no answer prolonged the mark"
+    );
+    cluster.net.set_link("observer", "agent-0", Link::Up);
+    assert!(observer.probe(target).await);
+    assert!(!observer.is_unreachable("agent-0"), "answered, yet still marked");
+    cluster.stop().await;
+}

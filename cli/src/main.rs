@@ -309,24 +309,23 @@ enum TopicCmd {
         /// Number of partitions.
         #[arg(long, default_value_t = 1)]
         partitions: u32,
-        /// Topic config as NAME=VALUE (repeatable): segment.bytes, segment.ms, retention.ms,
-        /// local.retention.ms, local.retention.bytes, max.message.bytes, visibility.timeout.ms,
-        /// max.deliveries, replication.factor, min.insync.replicas.
-        #[arg(long = "config", value_name = "NAME=VALUE")]
+        /// Topic config as NAME=VALUE (repeatable); --help lists every one.
+        #[arg(long = "config", value_name = "NAME=VALUE", long_help = config_help(false))]
         config: Vec<String>,
     },
     /// Change some of a topic's configs, all or none; prints the topic as it is after.
     ///
-    /// Every config but replication.factor and min.insync.replicas can change. Requests use
-    /// the new values at once; partition writers within a second (segment.bytes and segment.ms
-    /// apply to the open segment).
+    /// Requests use the new values at once; partition writers within a second (segment.bytes
+    /// and segment.ms apply to the open segment). --config --help lists the configs that can
+    /// change.
     ///
     /// Example: silt topic alter orders --config retention.ms=86400000 --config max.message.bytes=2097152
     Alter {
         /// Topic name.
         name: String,
-        /// New value as NAME=VALUE (repeatable, at least one).
-        #[arg(long = "config", value_name = "NAME=VALUE", required = true)]
+        /// New value as NAME=VALUE (repeatable, at least one); --help lists the configs that
+        /// can change.
+        #[arg(long = "config", value_name = "NAME=VALUE", required = true, long_help = config_help(true))]
         config: Vec<String>,
     },
     /// List topics.
@@ -664,6 +663,29 @@ async fn topic(cmd: TopicCmd, client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// The long help of `--config`: every topic config (or every one `alter` may change) with what
+/// it does and the values it takes, from the table metadata checks them against.
+fn config_help(alterable_only: bool) -> String {
+    use std::fmt::Write as _;
+    let mut help = if alterable_only {
+        "New value as NAME=VALUE (repeatable, at least one). Configs that can change:\n".to_string()
+    } else {
+        "Topic config as NAME=VALUE (repeatable):\n".to_string()
+    };
+    for c in silt_metadata::topic_config::TOPIC_CONFIGS.iter().filter(|c| c.alterable || !alterable_only) {
+        let _ = writeln!(help, "  {}: {}; {}", c.name, c.meaning, c.bounds());
+    }
+    if alterable_only {
+        let fixed: Vec<&str> = silt_metadata::topic_config::TOPIC_CONFIGS
+            .iter()
+            .filter(|c| !c.alterable)
+            .map(|c| c.name)
+            .collect();
+        let _ = write!(help, "Fixed when the topic is created: {}.", fixed.join(", "));
+    }
+    help
+}
+
 /// `--config NAME=VALUE` arguments as a map.
 fn config_pairs(args: &[String]) -> Result<BTreeMap<String, String>> {
     args.iter()
@@ -834,4 +856,31 @@ async fn replay(
         eprintln!();
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap")]
+mod tests {
+    use clap::CommandFactory;
+    use silt_metadata::topic_config::TOPIC_CONFIGS;
+
+    fn long_help(sub: &str) -> String {
+        let mut cli = super::Cli::command();
+        let topic = cli.find_subcommand_mut("topic").unwrap();
+        topic.find_subcommand_mut(sub).unwrap().render_long_help().to_string()
+    }
+
+    #[test]
+    fn topic_config_help_lists_every_config_and_alter_names_what_it_may_change() {
+        let (create, alter) = (long_help("create"), long_help("alter"));
+        for c in TOPIC_CONFIGS {
+            let line = format!("{}: {}; {}", c.name, c.meaning, c.bounds());
+            assert!(create.contains(&line), "create --help lacks {line:?}:\n{create}");
+            assert_eq!(alter.contains(&line), c.alterable, "alter --help and {}:\n{alter}", c.name);
+        }
+        assert!(
+            alter.contains("Fixed when the topic is created: replication.factor, min.insync.replicas."),
+            "{alter}"
+        );
+    }
 }

@@ -75,8 +75,7 @@ impl Agent {
             .ok_or_else(|| {
                 ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
             })?;
-        let running =
-            self.inner.partitions.read().unwrap_or_else(|e| e.into_inner()).get(&key).map(|r| r.epoch);
+        let running = crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| r.epoch);
         if let Some(epoch) = running {
             if epoch >= target.epoch {
                 return Err(StoreError::Fenced {
@@ -134,11 +133,7 @@ impl Agent {
         let replica = tokio::task::spawn_blocking(move || Replica::open(&dir, topic_id, &part))
             .await
             .map_err(|e| ApiError::unavailable(format!("opening a replica panicked: {e}")))??;
-        self.inner
-            .retired
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), (topic_id, replica.reader()));
+        crate::sync::write_lock(&self.inner.retired).insert(key.clone(), (topic_id, replica.reader()));
         let shared = Arc::new(Mutex::new(Some(replica)));
         lock(&self.inner.replicas).insert(key, Arc::clone(&shared));
         drop(writer);

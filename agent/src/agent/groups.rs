@@ -539,11 +539,7 @@ impl Agent {
             })
             .collect();
         for ((group, topic, partition), topic_id, floor, acked) in dirty {
-            let hwm = self
-                .inner
-                .partitions
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
+            let hwm = crate::sync::read_lock(&self.inner.partitions)
                 .get(&PartitionKey::new(&topic, partition))
                 .map(|r| r.handle.reader().high_watermark());
             if let Some(hwm) = hwm {

@@ -63,6 +63,9 @@ pub const DLQ_SUFFIX: &str = ".dlq";
 
 /// How often an agent that did not answer is asked whether it answers again.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an agent that did not answer counts as unreachable before it is asked whether it
+/// answers again (less than `transport::UNREACHABLE_FOR`).
+const PROBE_AFTER: Duration = Duration::from_secs(3);
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often the agent measures the disk space its logs take and the space left.
@@ -440,9 +443,7 @@ fn release(cursors: &Mutex<HashMap<CursorKey, GroupCursor>>, key: &CursorKey, of
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::sync::lock;
 
 impl Agent {
     /// Starts the agent: registers with metadata, removes local data of deleted topics, opens
@@ -659,11 +660,7 @@ impl Agent {
     /// Seals the active segment of every partition this agent writes that holds records, so
     /// that all of it can be archived before the agent stops.
     pub async fn roll_all(&self) {
-        let handles: Vec<(PartitionKey, PartitionHandle)> = self
-            .inner
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let handles: Vec<(PartitionKey, PartitionHandle)> = crate::sync::read_lock(&self.inner.partitions)
             .iter()
             .map(|(k, r)| (k.clone(), r.handle.clone()))
             .collect();
@@ -807,14 +804,11 @@ impl Agent {
         let m = &self.inner.metrics;
         m.replication_lag_records.clear();
         m.replication_lag_ms.clear();
-        let running: Vec<(PartitionKey, Vec<FollowerLag>, usize)> = self
-            .inner
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, r)| (k.clone(), r.handle.follower_lag(), r.replication_factor))
-            .collect();
+        let running: Vec<(PartitionKey, Vec<FollowerLag>, usize)> =
+            crate::sync::read_lock(&self.inner.partitions)
+                .iter()
+                .map(|(k, r)| (k.clone(), r.handle.follower_lag(), r.replication_factor))
+                .collect();
         let mut under = 0;
         for (PartitionKey { topic, partition }, lag, replication_factor) in running {
             if lag.iter().filter(|l| !l.failed).count() + 1 < replication_factor {

@@ -420,16 +420,9 @@ impl Agent {
     /// The local log of a partition: its writer's here, or a retired one.
     pub(super) fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
         let key = PartitionKey::new(topic, partition);
-        let running = self
-            .inner
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .map(|r| Arc::clone(r.handle.reader()));
-        running.or_else(|| {
-            self.inner.retired.read().unwrap_or_else(|e| e.into_inner()).get(&key).map(|(_, r)| Arc::clone(r))
-        })
+        let running =
+            crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| Arc::clone(r.handle.reader()));
+        running.or_else(|| crate::sync::read_lock(&self.inner.retired).get(&key).map(|(_, r)| Arc::clone(r)))
     }
 
     /// Reads records this agent holds in its local log of a partition, whether or not it

@@ -80,10 +80,7 @@ impl Agent {
                 });
                 match opened.await {
                     Ok(Ok(log)) if !log.reader().ranges().is_empty() => {
-                        self.inner
-                            .retired
-                            .write()
-                            .unwrap_or_else(|e| e.into_inner())
+                        crate::sync::write_lock(&self.inner.retired)
                             .insert(PartitionKey::new(&t.name, p as u32), (t.id, log.reader()));
                     }
                     Ok(Ok(_)) => {}
@@ -103,11 +100,7 @@ impl Agent {
     /// (see [`retired_log_droppable`]); a followed partition's archived segments are dropped
     /// by [`Agent::trim_replicas`] instead.
     pub(super) async fn drop_archived_retired_logs(&self) {
-        let retired: Vec<RetiredRanges> = self
-            .inner
-            .retired
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let retired: Vec<RetiredRanges> = crate::sync::read_lock(&self.inner.retired)
             .iter()
             .map(|(k, (id, r))| (k.clone(), *id, r.ranges()))
             .collect();
@@ -122,11 +115,7 @@ impl Agent {
             }
             // Again under the lock that opening a writer or a replica takes: what was read
             // above may have changed (a replica opened, a writer appended to it since).
-            let current = self
-                .inner
-                .retired
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
+            let current = crate::sync::read_lock(&self.inner.retired)
                 .get(&key)
                 .filter(|(id, _)| *id == topic_id)
                 .map(|(_, r)| r.ranges());
@@ -134,7 +123,7 @@ impl Agent {
             if !self.retired_log_droppable(&key, topic_id, &ranges) {
                 continue;
             }
-            self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            crate::sync::write_lock(&self.inner.retired).remove(&key);
             if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
                 *lock(&replica) = None;
             }

@@ -40,11 +40,7 @@ impl Agent {
         self.trim_replicas().await;
         self.probe_unreachable();
         self.start_repair();
-        let stale: Vec<PartitionKey> = self
-            .inner
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let stale: Vec<PartitionKey> = crate::sync::read_lock(&self.inner.partitions)
             .iter()
             .filter(|(k, r)| wanted.get(*k) != Some(&(r.topic_id, r.epoch)))
             .map(|(k, _)| k.clone())
@@ -199,15 +195,11 @@ impl Agent {
         let key = PartitionKey::new(topic, partition);
         let slot = self.writer_slot(&key);
         let mut writer = slot.lock().await;
-        let running = self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let running = crate::sync::write_lock(&self.inner.partitions).remove(&key);
         if let Some(r) = running {
             // Its local log stays readable until everything in it is archived.
             let reader = Arc::clone(r.handle.reader());
-            self.inner
-                .retired
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone(), (r.topic_id, reader));
+            crate::sync::write_lock(&self.inner.retired).insert(key.clone(), (r.topic_id, reader));
         }
         if let Some(w) = writer.take() {
             w.cancel.cancel();
@@ -271,11 +263,7 @@ impl Agent {
             let Some((epoch, writer)) = meta else {
                 return Err(MetadataError::UnknownPartition { topic: topic.into(), partition }.into());
             };
-            let running = agent
-                .inner
-                .partitions
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
+            let running = crate::sync::read_lock(&agent.inner.partitions)
                 .get(&key)
                 .filter(|r| r.topic_id == topic_id && r.epoch == epoch)
                 .map(|r| r.handle.clone());
@@ -315,11 +303,7 @@ impl Agent {
                 return Err(f.error.clone());
             }
         }
-        let newer = self
-            .inner
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        let newer = crate::sync::read_lock(&self.inner.partitions)
             .get(&key)
             .is_some_and(|r| r.topic_id == t.id && r.epoch > epoch);
         if newer {
@@ -329,14 +313,14 @@ impl Agent {
         }
         // An older writer of this partition (earlier epoch or topic id) must be gone before
         // the log is opened again.
-        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        crate::sync::write_lock(&self.inner.partitions).remove(&key);
         if let Some(old) = writer.take() {
             old.cancel.cancel();
             if let Err(e) = old.task.await {
                 error!(topic, partition, error = %e, "partition writer panicked");
             }
         }
-        let retired = self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        let retired = crate::sync::write_lock(&self.inner.retired).remove(&key);
         // A replica this agent held as a follower is the writer's log now.
         if let Some(replica) = lock(&self.inner.replicas).remove(&key) {
             *lock(&replica) = None;
@@ -355,7 +339,7 @@ impl Agent {
             // What it published stays readable (it was fsynced): segments only this agent
             // holds are read, repaired and archived from it.
             if let Some(retired) = retired {
-                self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), retired);
+                crate::sync::write_lock(&self.inner.retired).insert(key.clone(), retired);
             }
             e
         })?;
@@ -389,14 +373,14 @@ impl Agent {
             // The local log stays readable while no writer runs here: the segments it holds
             // may be the only full copies (a recovery that needed no other agent sealed one
             // at this agent's end).
-            self.inner.retired.write().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), (t.id, reader));
+            crate::sync::write_lock(&self.inner.retired).insert(key.clone(), (t.id, reader));
             e
         })?;
         if let Some(f) = lock(&self.inner.start_failures).get_mut(&key) {
             f.started = Some(Instant::now());
         }
         *writer = Some(WriterTask { cancel, task });
-        self.inner.partitions.write().unwrap_or_else(|e| e.into_inner()).insert(
+        crate::sync::write_lock(&self.inner.partitions).insert(
             key,
             Running {
                 topic_id: t.id,
@@ -408,16 +392,21 @@ impl Agent {
         Ok(handle)
     }
 
-    /// Asks each live agent this one found unreachable whether it answers again, at most every
-    /// [`PROBE_INTERVAL`]: ensemble choice and repair leave unreachable agents out, and a link
-    /// that is back should count as soon as it is, not once the mark runs out.
+    /// Asks each live agent this one found unreachable, for at least [`PROBE_AFTER`], whether
+    /// it answers again, at most every [`PROBE_INTERVAL`]: ensemble choice and repair leave
+    /// unreachable agents out, and a link that is back should count soon, not once the mark
+    /// runs out. The mark lasts at least [`PROBE_AFTER`] all the same: an agent that timed out
+    /// on appends (a stalled disk) may still answer a probe, and is not chosen again at once.
     fn probe_unreachable(&self) {
         let me = self.inner.config.agent_id.as_str();
         let now_ms = self.now_ms();
         let due: Vec<(String, String)> = self.inner.metadata.read_local(|s| {
             s.agents
                 .values()
-                .filter(|a| a.id != me && a.is_live(now_ms) && self.inner.peers.is_unreachable(&a.id))
+                .filter(|a| a.id != me && a.is_live(now_ms))
+                .filter(|a| {
+                    self.inner.peers.unreachable_since(&a.id).is_some_and(|t| t.elapsed() >= PROBE_AFTER)
+                })
                 .map(|a| (a.id.clone(), a.addr.clone()))
                 .collect()
         });

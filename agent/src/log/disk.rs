@@ -111,8 +111,9 @@ const ENOSPC: i32 = 28;
 pub fn sync_at_start(data_dir: &Path) -> io::Result<()> {
     let synced = File::open(data_dir)
         .and_then(|dir| fsync_with(data_dir, || rustix::fs::syncfs(&dir).map_err(io::Error::from)));
-    if synced.is_err() {
-        distrust(data_dir);
+    match &synced {
+        Ok(()) => synced_tree(data_dir),
+        Err(_) => distrust(data_dir),
     }
     synced
 }
@@ -265,13 +266,19 @@ pub fn record_unsynced(path_part: &str) -> Arc<PowerLoss> {
 
 impl PowerLoss {
     /// Puts every recorded file back as its last fsync left it, then puts down again the first
-    /// `torn` bytes of what was written since, in the order written (the power failed during
-    /// the write that follows them; cuts among them are done again too). The process's open
-    /// files must not be used afterwards: the process is gone.
+    /// `torn` bytes of what was written to it since, in the order written (the power failed
+    /// during the write that follows them; cuts among them are done again too, a cut before
+    /// the first write even when `torn` is 0), each file with its own `torn` bytes. Pages
+    /// written out of order are not modelled. A file deleted since is skipped. The process's
+    /// open files must not be used afterwards: the process is gone.
     pub fn lose_unsynced(&self, torn: usize) -> io::Result<()> {
         let unsynced = std::mem::take(&mut *lock(&self.unsynced));
         for (path, changes) in unsynced {
-            let file = OpenOptions::new().write(true).open(&path)?;
+            let file = match OpenOptions::new().write(true).open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
             for c in changes.iter().rev() {
                 file.write_all_at(&c.replaced, c.position)?;
                 file.set_len(c.len_before)?;
@@ -352,9 +359,14 @@ fn synced(path: &Path) {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// A `syncfs` of the filesystem `dir` is on succeeded: every file under it is on the disk.
+fn synced_tree(dir: &Path) {
+    for r in lock(&RECORDERS).iter() {
+        lock(&r.unsynced).retain(|path, _| !path.starts_with(dir));
+    }
 }
+
+use crate::sync::lock;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests may unwrap")]

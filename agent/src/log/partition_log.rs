@@ -350,7 +350,7 @@ impl PartitionLog {
             self.segments.iter().map(|s| s.view(s.size_bytes(), s.next_offset())).collect();
         let hwm = self.next_offset();
         {
-            let mut state = self.reader.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut state = crate::sync::write_lock(&self.reader.state);
             state.log_start = views.first().map_or(0, |v| v.base_offset);
             state.segments = views;
             state.high_watermark = hwm;
@@ -454,12 +454,12 @@ impl PartitionReader {
 
     /// The first offset still on local disk.
     pub fn log_start(&self) -> u64 {
-        self.state.read().unwrap_or_else(|e| e.into_inner()).log_start
+        crate::sync::read_lock(&self.state).log_start
     }
 
     /// The offset ranges (first, last) of the segments that hold records.
     pub fn ranges(&self) -> Vec<(u64, u64)> {
-        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let state = crate::sync::read_lock(&self.state);
         state
             .segments
             .iter()
@@ -472,7 +472,7 @@ impl PartitionReader {
     /// at or past the log's end. Offsets below the log start or in a gap between segments are
     /// held elsewhere (other replicas, or the archive).
     pub fn holds(&self, offset: u64) -> bool {
-        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let state = crate::sync::read_lock(&self.state);
         offset >= state.high_watermark
             || state.segments.iter().any(|v| v.base_offset <= offset && offset < v.end_offset)
     }
@@ -498,7 +498,7 @@ impl PartitionReader {
 
     fn read_with(&self, offset: u64, max_bytes: usize, mode: ReadMode) -> Result<ReadResult, StoreError> {
         let (views, hwm) = {
-            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let state = crate::sync::read_lock(&self.state);
             let hwm = state.high_watermark;
             if offset < state.log_start {
                 return Err(StoreError::OutOfRange {
@@ -528,7 +528,7 @@ impl PartitionReader {
     /// watermark if there is none.
     pub fn offset_for_time(&self, timestamp_ms: i64) -> Result<u64, StoreError> {
         let (views, hwm) = {
-            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let state = crate::sync::read_lock(&self.state);
             (state.segments.clone(), state.high_watermark)
         };
         for view in views {

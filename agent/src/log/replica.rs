@@ -16,12 +16,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use silt_metadata::state::{Partition, SegmentState};
+use silt_metadata::state::Partition;
 use silt_record::RecordBatch;
 use tracing::warn;
 
 use crate::error::StoreError;
 use crate::log::partition_log::{PartitionLog, PartitionReader};
+use crate::log::trim::{self, Held};
 
 const FENCE_FILE: &str = "fence";
 
@@ -110,36 +111,19 @@ impl HeldSegment {
 /// acknowledged data. A view older than what the directory has seen (its `fence`, or a
 /// segment's epoch above the view's epoch) is refused, and nothing is cut.
 pub fn trim_to_metadata(log: &mut PartitionLog, part: &Partition, fence: u64) -> Result<usize, StoreError> {
-    let newest_seen = log
+    let held = log
         .segments()
         .iter()
-        .filter(|s| s.record_count() > 0)
-        .map(|s| s.first_epoch().map(|e| e.map_or(0, |e| u64::try_from(e).unwrap_or(0))))
-        .try_fold(fence, |max, e| e.map(|e| max.max(e)))?;
-    if newest_seen > part.epoch {
-        return Err(StoreError::Failed(format!(
-            "the metadata view of the partition is at epoch {} but its local log has seen epoch {newest_seen}: \
-             nothing is cut by a view that old; retry with a fresh one",
-            part.epoch
-        )));
-    }
-    let Some(first) = part.segments.keys().next().copied() else { return Ok(0) };
-    let mut cuts = Vec::new();
-    for s in log.segments() {
-        if s.record_count() == 0 || s.base_offset() < first {
-            continue;
-        }
-        let epoch = s.first_epoch()?;
-        let cut = match part.segments.get(&s.base_offset()) {
-            Some(m) if epoch.is_some_and(|e| i64::from(e) != m.epoch as i64) => Some(s.base_offset()),
-            Some(m) if m.state == SegmentState::Open => None,
-            Some(m) => m.last_offset.map(|l| l + 1).filter(|end| *end < s.next_offset()),
-            None => Some(s.base_offset()),
-        };
-        if let Some(end) = cut {
-            cuts.push((s.base_offset(), end));
-        }
-    }
+        .map(|s| {
+            Ok(Held {
+                base: s.base_offset(),
+                next_offset: s.next_offset(),
+                records: s.record_count(),
+                first_epoch: if s.record_count() > 0 { s.first_epoch()? } else { None },
+            })
+        })
+        .collect::<Result<Vec<Held>, StoreError>>()?;
+    let cuts = trim::plan(&held, part, fence).map_err(StoreError::Failed)?;
     for (base, end) in &cuts {
         warn!(base, end, "cutting a local segment back to what metadata recorded");
         log.truncate_segment(*base, *end)?;
@@ -280,6 +264,8 @@ impl Replica {
 #[allow(clippy::unwrap_used, reason = "tests may unwrap")]
 mod tests {
     use silt_record::{encode_batch, NewRecord};
+
+    use silt_metadata::state::SegmentState;
 
     use super::*;
 

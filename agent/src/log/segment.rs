@@ -16,7 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
 use silt_record::{
@@ -26,6 +26,7 @@ use tracing::{debug, error, warn};
 
 use crate::error::StoreError;
 use crate::limits::{BATCH_BYTES_MAX, GROUP_BYTES_MAX, REPLICA_READ_BYTES_MAX};
+use crate::sync::{read_lock, write_lock};
 
 /// An index entry is added at most every this many bytes of log.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
@@ -446,8 +447,8 @@ impl Segment {
             Some(last) => position - last >= INDEX_INTERVAL_BYTES,
         };
         if due {
-            write(&self.index).push(IndexEntry { offset: batch.base_offset(), position });
-            write(&self.time_index).push(TimeIndexEntry {
+            write_lock(&self.index).push(IndexEntry { offset: batch.base_offset(), position });
+            write_lock(&self.time_index).push(TimeIndexEntry {
                 max_timestamp_ms: self.max_timestamp_ms.unwrap_or(i64::MIN),
                 offset: batch.base_offset(),
             });
@@ -485,8 +486,8 @@ impl Segment {
         }
     }
 
-    /// After the failed fsync that gave `error`: the bytes written since the last successful
-    /// fsync may be in the page cache only (a later read would still see them), so the file is
+    /// After the failed write or fsync that gave `error`: the bytes written since the last
+    /// successful fsync may be in the page cache only (a later read would still see them), so the file is
     /// cut back to what that fsync covered, the cut made durable, and the segment loaded again
     /// from the file: nothing the failure may have lost is ever counted as held. When that
     /// fails too, the directory is distrusted ([`crate::log::disk::distrust`]). Returns `error`.
@@ -498,12 +499,12 @@ impl Segment {
             .and_then(|()| Segment::open_with(&self.path, self.base_offset, false, Tail::Synced));
         match cut {
             Ok((segment, _)) => {
-                warn!(path = %self.path.display(), %error, kept_bytes = durable, dropped_bytes = self.size_bytes - durable, "an fsync failed: the segment is cut back to what its last successful fsync covered");
+                warn!(path = %self.path.display(), %error, kept_bytes = durable, dropped_bytes = self.size_bytes - durable, "a write or an fsync failed: the segment is cut back to what its last successful fsync covered");
                 *self = segment;
             }
             Err(cut) => {
                 let dir = self.path.parent().unwrap_or(&self.path);
-                error!(path = %self.path.display(), %error, %cut, "an fsync failed and the segment cannot be cut back to what is on disk: this agent opens no log in its directory again until it restarts");
+                error!(path = %self.path.display(), %error, %cut, "a write or an fsync failed and the segment cannot be cut back to what is on disk: this agent opens no log in its directory again until it restarts");
                 crate::log::disk::distrust(dir);
             }
         }
@@ -565,13 +566,13 @@ impl Segment {
         self.sync()?;
         self.synced_bytes = self.size_bytes;
         let mut idx = Vec::new();
-        for e in read(&self.index).iter() {
+        for e in read_lock(&self.index).iter() {
             idx.extend_from_slice(&e.offset.to_be_bytes());
             idx.extend_from_slice(&e.position.to_be_bytes());
         }
         write_with_crc(&self.path.with_extension("index"), idx)?;
         let mut tidx = Vec::new();
-        for e in read(&self.time_index).iter() {
+        for e in read_lock(&self.time_index).iter() {
             tidx.extend_from_slice(&e.max_timestamp_ms.to_be_bytes());
             tidx.extend_from_slice(&e.offset.to_be_bytes());
         }
@@ -630,8 +631,8 @@ impl Segment {
             max_ts = max_ts.max(batch.max_timestamp());
             position += batch.len_bytes() as u64;
         }
-        *write(&self.index) = index;
-        *write(&self.time_index) = time_index;
+        *write_lock(&self.index) = index;
+        *write_lock(&self.time_index) = time_index;
         self.size_bytes = len;
         self.allocated_bytes = len;
         self.synced_bytes = len;
@@ -767,7 +768,7 @@ impl SegmentView {
     /// Where to start reading to find `offset`: the last index entry at or before it, or the
     /// segment's first batch.
     pub fn entry_for(&self, offset: u64) -> IndexEntry {
-        let index = read(&self.index);
+        let index = read_lock(&self.index);
         let i = index.partition_point(|e| e.offset <= offset);
         match i.checked_sub(1) {
             Some(last) => index[last],
@@ -779,7 +780,7 @@ impl SegmentView {
     pub fn entry_for_time(&self, ts: i64) -> IndexEntry {
         // Entries before the first one whose preceding max timestamp reaches `ts` cannot hold it.
         let offset = {
-            let time_index = read(&self.time_index);
+            let time_index = read_lock(&self.time_index);
             let i = time_index.partition_point(|e| e.max_timestamp_ms < ts);
             match i.checked_sub(1) {
                 Some(last) => time_index[last].offset,
@@ -1042,16 +1043,6 @@ pub fn timestamp_range(batch: &RecordBatch) -> (i64, i64) {
     (batch.base_timestamp().min(batch.max_timestamp()), batch.max_timestamp())
 }
 
-/// Index locks guard plain vectors; a panic while holding one cannot leave them half-updated
-/// in a way that matters, so a poisoned lock is still used.
-fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|e| e.into_inner())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests may unwrap")]
 mod tests {
@@ -1082,8 +1073,8 @@ mod tests {
             s.size_bytes(),
             s.record_count(),
             s.max_timestamp_ms(),
-            read(&s.index).clone(),
-            read(&s.time_index).clone(),
+            read_lock(&s.index).clone(),
+            read_lock(&s.time_index).clone(),
         )
     }
 
@@ -1410,7 +1401,7 @@ mod tests {
         let (path, written) = sealed_segment(dir.path());
         let (loaded, report) = Segment::open(&path, 100, true).unwrap();
         assert!(report.from_index_files);
-        assert!(read(&loaded.index).len() > 3, "the test needs several index entries");
+        assert!(read_lock(&loaded.index).len() > 3, "the test needs several index entries");
         assert_eq!(read_all(&loaded), written);
         let expected = derived(&loaded);
         assert_eq!(expected.0, 220);

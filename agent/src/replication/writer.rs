@@ -135,7 +135,7 @@ impl PartitionHandle {
 
     /// How far each follower of the open segment is behind, as of the writer's last tick.
     pub fn follower_lag(&self) -> Vec<FollowerLag> {
-        self.lag.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        crate::sync::lock(&self.lag).clone()
     }
 }
 
@@ -973,7 +973,7 @@ impl PartitionWriter {
         }
         self.trim_local().await;
         if let Some(e) = &self.ensemble {
-            *self.lag.lock().unwrap_or_else(|e| e.into_inner()) = e.lag(self.log().next_offset());
+            *crate::sync::lock(&self.lag) = e.lag(self.log().next_offset());
         }
         let old = self
             .first_append_at

@@ -8,7 +8,7 @@
 //! member travel as JSON with base64 bytes ([`WireRecord`]).
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -157,13 +157,17 @@ impl HttpPeers {
 
 #[async_trait::async_trait]
 impl Peer for HttpPeers {
-    fn is_unreachable(&self, agent: &str) -> bool {
-        self.reach.is_unreachable(agent)
+    fn unreachable_since(&self, agent: &str) -> Option<Instant> {
+        self.reach.unreachable_since(agent)
     }
 
     async fn probe(&self, (agent, addr): (&str, &str)) -> bool {
-        let request = self.http.get(Self::url(addr, "/health"));
-        self.send_raw(agent, addr, request, PROBE_TIMEOUT).await.is_ok()
+        let request = self.http.get(Self::url(addr, "/health")).timeout(PROBE_TIMEOUT);
+        let answered = request.send().await.is_ok_and(|r| r.status().is_success());
+        if answered {
+            self.reached(agent, true);
+        }
+        answered
     }
 
     async fn append(

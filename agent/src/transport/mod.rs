@@ -49,14 +49,22 @@ pub const UNREACHABLE_FOR: Duration = Duration::from_secs(10);
 /// applied there).
 #[async_trait::async_trait]
 pub trait Peer: std::fmt::Debug + Send + Sync + 'static {
-    /// Whether `agent` failed to answer within the last [`UNREACHABLE_FOR`] and has not
-    /// answered since. Metadata says which agents are live (they reach metadata), not which
-    /// ones this agent can reach: a writer cut off from some chooses its ensembles without them.
-    fn is_unreachable(&self, agent: &str) -> bool;
+    /// Since when `agent` counts as unreachable from this one: it failed to answer a request
+    /// within the last [`UNREACHABLE_FOR`] and has not answered anything since. Metadata says
+    /// which agents are live (they reach metadata), not which ones this agent can reach: a
+    /// writer cut off from some chooses its ensembles without them.
+    fn unreachable_since(&self, agent: &str) -> Option<Instant>;
 
-    /// Asks `to` whether it answers at all (an agent that did not answer is asked again so,
-    /// so that it counts as reachable as soon as it answers, not only once
-    /// [`UNREACHABLE_FOR`] has passed). Whether it answered.
+    /// Whether `agent` counts as unreachable ([`Peer::unreachable_since`]).
+    fn is_unreachable(&self, agent: &str) -> bool {
+        self.unreachable_since(agent).is_some()
+    }
+
+    /// Asks `to` whether it answers at all, so that an agent that did not answer counts as
+    /// reachable again as soon as it answers, not only once [`UNREACHABLE_FOR`] has passed. An
+    /// answer clears the mark; no answer leaves it as it is (a probe neither makes nor
+    /// prolongs one, so one that fails late cannot mark an agent that answered meanwhile).
+    /// Whether it answered.
     async fn probe(&self, to: (&str, &str)) -> bool;
 
     /// Appends a batch on the partition's writer; returns its first and last offset.
@@ -170,23 +178,23 @@ pub struct Reachability {
 }
 
 impl Reachability {
-    /// Whether `agent` failed to answer within the last [`UNREACHABLE_FOR`] and has not
-    /// answered since.
-    pub fn is_unreachable(&self, agent: &str) -> bool {
-        let mut unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+    /// Since when `agent` has not answered, if it failed to answer within the last
+    /// [`UNREACHABLE_FOR`] and has not answered since.
+    pub fn unreachable_since(&self, agent: &str) -> Option<Instant> {
+        let mut unreachable = crate::sync::lock(&self.unreachable);
         match unreachable.get(agent) {
-            Some(at) if at.elapsed() < UNREACHABLE_FOR => true,
+            Some(at) if at.elapsed() < UNREACHABLE_FOR => Some(*at),
             Some(_) => {
                 unreachable.remove(agent);
-                false
+                None
             }
-            None => false,
+            None => None,
         }
     }
 
     /// Records that `agent` answered (anything, an error included) or did not.
     pub fn reached(&self, agent: &str, answered: bool) {
-        let mut unreachable = self.unreachable.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unreachable = crate::sync::lock(&self.unreachable);
         if answered {
             unreachable.remove(agent);
         } else {
