@@ -12,6 +12,12 @@
 //! log file, checking every batch's CRC. Index files of a sealed segment that are missing or
 //! fail their checksum are rebuilt the same way.
 
+//!
+//! One file of about a thousand lines: the file's layout (batches back to back, zero-filled
+//! space ahead of the appends, indexes written at seal, a torn tail cut at open) is one
+//! invariant that creating, scanning, appending, syncing, sealing, truncating and reading all
+//! keep, and they are read together when it changes.
+
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
