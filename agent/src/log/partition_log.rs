@@ -4,6 +4,8 @@
 //! [`PartitionLog`] is owned by the partition's writer task and does all writes;
 //! [`PartitionReader`] is shared with every reader and only ever sees bytes that are durable.
 //! The writer publishes a new high watermark after each fsync.
+//!
+//! Past 800 lines only with its tests: the code is the first 559 lines.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -29,6 +29,8 @@
 //! `&mut self`.
 //!
 //! [`purge`]: RaftLogStorage::purge
+//!
+//! Past 800 lines only with its tests: the code is the first 667 lines.
 
 #![allow(
     clippy::result_large_err,
