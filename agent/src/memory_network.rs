@@ -2,7 +2,9 @@
 //! and simulation: the in-process counterpart of the HTTP client ([`crate::transport::http`])
 //! and the internal routes ([`crate::api`]) together. A request runs as its own task on the
 //! receiving agent, as an HTTP server would run it, under the same timeout as over HTTP, and is
-//! dropped when that runs out (as a server drops a handler whose client left). The network can
+//! dropped when that runs out (as a server drops a handler whose client left). It runs on the
+//! runtime the agent joined from: in the simulator each agent has a runtime of its own, which a
+//! crash drops with every task on it, handlers included. The network can
 //! cut a link (the request never arrives; the sender hears so at once, as from a refused
 //! connection) or lose its replies (the request is applied; the sender hears nothing, at once
 //! rather than after the timeout), in one direction at a time.
@@ -39,7 +41,7 @@ pub enum Link {
 /// `set_link("a", "b", ..)` changes requests from `a` to `b` only.
 #[derive(Debug, Default)]
 pub struct MemoryNetwork {
-    agents: RwLock<HashMap<String, WeakAgent>>,
+    agents: RwLock<HashMap<String, Joined>>,
     links: RwLock<HashMap<(String, String), Link>>,
 }
 
@@ -54,11 +56,13 @@ impl MemoryNetwork {
         Arc::new(MemoryPeers { me: me.to_string(), net: Arc::clone(self), reach: Reachability::default() })
     }
 
-    /// Makes `agent` reachable by its id. An agent that stops (`Agent::shutdown`) is
+    /// Makes `agent` reachable by its id; requests to it run on the runtime this is called
+    /// from. An agent that stops (`Agent::shutdown`), or whose runtime is dropped, is
     /// unreachable again; a new agent joining under the same id replaces it.
     pub fn join(&self, agent: &Agent) {
+        let joined = Joined { agent: agent.downgrade(), runtime: tokio::runtime::Handle::try_current().ok() };
         let mut agents = crate::sync::write_lock(&self.agents);
-        agents.insert(agent.id().to_string(), agent.downgrade());
+        agents.insert(agent.id().to_string(), joined);
     }
 
     /// Sets what happens to requests from `from` to `to`.
@@ -90,10 +94,19 @@ impl MemoryNetwork {
         links.get(&(from.to_string(), to.to_string())).copied().unwrap_or(Link::Up)
     }
 
-    fn agent(&self, id: &str) -> Option<Agent> {
+    fn agent(&self, id: &str) -> Option<(Agent, Option<tokio::runtime::Handle>)> {
         let agents = crate::sync::read_lock(&self.agents);
-        agents.get(id).and_then(WeakAgent::upgrade).filter(|a| !a.is_stopped())
+        let joined = agents.get(id)?;
+        let agent = joined.agent.upgrade().filter(|a| !a.is_stopped())?;
+        Some((agent, joined.runtime.clone()))
     }
+}
+
+/// An agent on the network, and the runtime its handlers run on.
+#[derive(Debug, Clone)]
+struct Joined {
+    agent: WeakAgent,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// One agent's side of a [`MemoryNetwork`].
@@ -119,11 +132,14 @@ impl MemoryPeers {
     {
         let lost = |what: &str| ApiError::unavailable(format!("agent '{to}' did not answer: {what}"));
         let link = self.net.link(&self.me, to);
-        let Some(agent) = self.net.agent(to).filter(|_| link != Link::Cut) else {
+        let Some((agent, runtime)) = self.net.agent(to).filter(|_| link != Link::Cut) else {
             self.reach.reached(to, false);
             return Err(lost("unreachable"));
         };
-        let mut task = tokio::spawn(request(agent));
+        let mut task = match runtime {
+            Some(runtime) => runtime.spawn(request(agent)),
+            None => tokio::spawn(request(agent)),
+        };
         let answer = match tokio::time::timeout(timeout, &mut task).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {

@@ -336,9 +336,11 @@ impl Compactor {
         };
         let writer = self.inner.config.writer.clone();
         let meta_for_encode = meta.clone();
-        let object = tokio::task::spawn_blocking(move || encode_archive(&meta_for_encode, &records, &writer))
-            .await
-            .map_err(|e| CompactorError::Task(e.to_string()))??;
+        let object = silt_metadata::runtime::spawn_blocking(move || {
+            encode_archive(&meta_for_encode, &records, &writer)
+        })
+        .await
+        .map_err(|e| CompactorError::Task(e.to_string()))??;
         let key =
             object_key(&self.inner.prefix, &c.topic, c.topic_id, c.partition, seg.base_offset, last_offset);
         let object_bytes = object.len() as u64;

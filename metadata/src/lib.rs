@@ -28,6 +28,7 @@ mod lease_clock;
 mod node;
 pub mod node_status;
 pub mod raft;
+pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod topic_config;

@@ -235,7 +235,7 @@ impl MetadataNode {
         let log_dir = dir.join(LOG_DIR);
         let sm_dir = dir.join(STATE_MACHINE_DIR);
         let log_options = LogStoreOptions { segment_bytes_max: options.log_segment_bytes_max };
-        let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+        let (log_store, state_machine) = crate::runtime::spawn_blocking(move || {
             let log_store = LogStore::open_with(&log_dir, log_options)
                 .map_err(|e| format!("cannot open the raft log in {}: {e}", log_dir.display()))?;
             let state_machine = StateMachineStore::open(&sm_dir)

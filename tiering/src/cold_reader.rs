@@ -967,7 +967,7 @@ impl RowGroupSource {
         let bytes = self.row_group(&key.object_key, key.object_bytes, footer, rg, scan).await?;
         let footer = Arc::clone(footer);
         // Decoding is CPU work over bytes already in memory: keep it off the async workers.
-        tokio::task::spawn_blocking(move || {
+        silt_metadata::runtime::spawn_blocking(move || {
             futures::executor::block_on(async move {
                 let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
                     CachedRowGroup { metadata: Arc::clone(&footer.metadata), bytes },

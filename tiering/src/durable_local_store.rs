@@ -83,7 +83,7 @@ impl DurableLocalStore {
     async fn make_durable(&self, location: &Path) -> object_store::Result<()> {
         let file = self.inner.path_to_filesystem(location)?;
         let (root, syncer) = (self.root.clone(), Arc::clone(&self.syncer));
-        let synced = tokio::task::spawn_blocking(move || {
+        let synced = silt_metadata::runtime::spawn_blocking(move || {
             syncer(&file)?;
             let mut dir = file.parent();
             while let Some(d) = dir {

@@ -130,7 +130,7 @@ impl Agent {
             return Ok(r);
         }
         let dir = self.topic_dir(topic, topic_id).join(partition.to_string());
-        let replica = tokio::task::spawn_blocking(move || Replica::open(&dir, topic_id, &part))
+        let replica = silt_metadata::runtime::spawn_blocking(move || Replica::open(&dir, topic_id, &part))
             .await
             .map_err(|e| ApiError::unavailable(format!("opening a replica panicked: {e}")))??;
         crate::sync::write_lock(&self.inner.retired).insert(key.clone(), (topic_id, replica.reader()));
@@ -204,7 +204,7 @@ impl Agent {
             )));
         }
         let shared = self.open_replica(topic, partition, target.topic_id, part).await?;
-        tokio::task::spawn_blocking(move || {
+        silt_metadata::runtime::spawn_blocking(move || {
             let mut guard = lock(&shared);
             let replica =
                 guard.as_mut().ok_or_else(|| StoreError::Failed("the replica was closed; retry".into()))?;
@@ -242,7 +242,7 @@ impl Agent {
     ) -> Result<T, ApiError> {
         let shared = self.replica(topic, partition, target).await?;
         let (topic, epoch) = (topic.to_string(), target.epoch);
-        tokio::task::spawn_blocking(move || {
+        silt_metadata::runtime::spawn_blocking(move || {
             let mut guard = lock(&shared);
             let Some(replica) = guard.as_mut() else {
                 return Err(StoreError::Failed("the replica was closed; retry".into()));
@@ -328,10 +328,11 @@ impl Agent {
         let reader = self.local_reader(topic, partition).ok_or_else(|| {
             ApiError::unavailable(format!("this agent holds no local log of {topic}/{partition}"))
         })?;
-        let batches = tokio::task::spawn_blocking(move || reader.read(from, REPLICA_READ_BYTES_MAX))
-            .await
-            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??
-            .batches;
+        let batches =
+            silt_metadata::runtime::spawn_blocking(move || reader.read(from, REPLICA_READ_BYTES_MAX))
+                .await
+                .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??
+                .batches;
         let batches: Vec<RecordBatch> = batches
             .into_iter()
             .skip_while(|b| b.last_offset() < from)

@@ -154,7 +154,7 @@ impl Agent {
         let mut warned = false;
         loop {
             let data_dir = self.inner.config.data_dir.clone();
-            match tokio::task::spawn_blocking(move || disk_usage(&data_dir)).await {
+            match silt_metadata::runtime::spawn_blocking(move || disk_usage(&data_dir)).await {
                 Ok((used, filesystem)) => {
                     let m = &self.inner.metrics;
                     let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);

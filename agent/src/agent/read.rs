@@ -81,7 +81,7 @@ pub(super) async fn read_hot(
         Ok(false) | Err(StoreError::NotCached) => {}
         Err(e) => return Err(e.into()),
     }
-    tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+    silt_metadata::runtime::spawn_blocking(move || -> Result<_, StoreError> {
         page.read(&reader, &limit, ReadMode::MayBlock, usize::MAX)?;
         Ok(page.into_parts())
     })
@@ -392,7 +392,7 @@ impl Agent {
         last_offset: u64,
         epoch: i32,
     ) -> Result<Vec<Record>, ApiError> {
-        tokio::task::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
+        silt_metadata::runtime::spawn_blocking(move || -> Result<Vec<Record>, StoreError> {
             let mut records = Vec::new();
             let mut next = base_offset;
             while next <= last_offset {
@@ -588,7 +588,7 @@ impl Agent {
                 }
             }
         }
-        Ok(tokio::task::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
+        Ok(silt_metadata::runtime::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
             .await
             .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??)
     }

@@ -29,7 +29,7 @@ impl Agent {
                     .collect(),
             });
             let Some(part) = chain else { continue };
-            let result = tokio::task::spawn_blocking(move || -> Result<usize, StoreError> {
+            let result = silt_metadata::runtime::spawn_blocking(move || -> Result<usize, StoreError> {
                 let mut guard = lock(&shared);
                 let Some(replica) = guard.as_mut() else { return Ok(0) };
                 let log = replica.log_mut();
@@ -72,7 +72,7 @@ impl Agent {
                     continue;
                 }
                 let chain = part.clone();
-                let opened = tokio::task::spawn_blocking(move || {
+                let opened = silt_metadata::runtime::spawn_blocking(move || {
                     let (mut log, _) = PartitionLog::open(&dir)?;
                     let fence = crate::log::replica::read_fence(&dir)?;
                     trim_to_metadata(&mut log, &chain, fence)?;
@@ -129,7 +129,7 @@ impl Agent {
             }
             let PartitionKey { topic, partition } = key;
             let dir = self.topic_dir(&topic, topic_id).join(partition.to_string());
-            match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
+            match silt_metadata::runtime::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
                 Ok(Ok(())) => info!(
                     topic,
                     partition, "dropped the archived local log of a partition another agent writes"

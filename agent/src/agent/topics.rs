@@ -107,7 +107,7 @@ impl Agent {
         lock(&self.inner.cursors).retain(|(_, t, _), _| t != name);
         let dir = self.topic_dir(name, id);
         // Writers notice their channel closed and stop; their files go with the directory.
-        if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
+        if let Err(e) = silt_metadata::runtime::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await {
             warn!(error = %e, topic = name, "removing local data of a deleted topic failed");
         }
         drop(guards);

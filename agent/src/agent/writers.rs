@@ -327,7 +327,7 @@ impl Agent {
         }
         let dir = self.topic_dir(topic, t.id).join(partition.to_string());
         let log_dir = dir.clone();
-        let opened = tokio::task::spawn_blocking(move || PartitionLog::open(&log_dir))
+        let opened = silt_metadata::runtime::spawn_blocking(move || PartitionLog::open(&log_dir))
             .await
             .map_err(|e| ApiError::unavailable(format!("opening the partition log panicked: {e}")))?;
         let (log, _reports) = opened.map_err(|e| {

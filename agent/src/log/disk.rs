@@ -124,6 +124,15 @@ pub fn distrust(dir: &Path) {
     lock(&DISTRUSTED).insert(dir.to_path_buf());
 }
 
+/// Forgets what this process distrusted under `data_dir` and stops the faults injected for
+/// files there: for a simulation in which the agent of `data_dir` crashed and a new process
+/// of it starts, in the same process as the old one.
+pub fn forget_process(data_dir: &Path) {
+    lock(&DISTRUSTED).retain(|d| !d.starts_with(data_dir));
+    let prefix = data_dir.to_string_lossy();
+    lock(&FAULTS).retain(|f| !f.path_part.starts_with(prefix.as_ref()));
+}
+
 /// Whether an fsync failure left `dir` (or a directory it is in) distrusted.
 pub fn is_distrusted(dir: &Path) -> bool {
     lock(&DISTRUSTED).iter().any(|d| dir.starts_with(d))

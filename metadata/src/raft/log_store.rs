@@ -204,7 +204,7 @@ impl LogStore {
         F: FnOnce(&mut LogWriter) -> io::Result<T> + Send + 'static,
     {
         let writer = Arc::clone(&self.writer);
-        tokio::task::spawn_blocking(move || {
+        crate::runtime::spawn_blocking(move || {
             let mut writer =
                 writer.lock().map_err(|_| io::Error::other("the raft log writer panicked earlier"))?;
             writer.guarded(op)

@@ -185,7 +185,7 @@ impl StateMachineStore {
     async fn persist_snapshot(&self, snapshot: StoredSnapshot) -> Result<(), StorageError> {
         let inner = Arc::clone(&self.inner);
         let signature = snapshot.meta.signature();
-        tokio::task::spawn_blocking(move || -> io::Result<()> {
+        crate::runtime::spawn_blocking(move || -> io::Result<()> {
             let mut current = inner.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
             if current.as_ref().is_some_and(|c| c.meta.last_log_id > snapshot.meta.last_log_id) {
                 return Ok(());
@@ -210,7 +210,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             let applied = self.applied();
             (applied.state.clone(), applied.last_applied, applied.last_membership.clone())
         };
-        let data = tokio::task::spawn_blocking(move || serde_json::to_vec(&state))
+        let data = crate::runtime::spawn_blocking(move || serde_json::to_vec(&state))
             .await
             .map_err(|e| StorageIOError::read_state_machine(AnyError::error(e)))?
             .map_err(|e| StorageIOError::read_state_machine(&e))?;

@@ -426,7 +426,7 @@ impl PartitionWriter {
             return Err(StoreError::Failed(self.failed.clone().unwrap_or_else(|| "the log is gone".into())));
         };
         let local_batches = batches.clone();
-        let local = tokio::task::spawn_blocking(move || {
+        let local = silt_metadata::runtime::spawn_blocking(move || {
             let started = Instant::now();
             let r = log.append_replicated(&local_batches);
             (log, r, started.elapsed())

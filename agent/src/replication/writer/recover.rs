@@ -12,7 +12,7 @@ impl PartitionWriter {
         let (topic, partition) = (self.config.topic.clone(), self.config.partition);
         let dir = self.config.dir.clone();
         let epoch = self.epoch;
-        let fence = tokio::task::spawn_blocking(move || -> Result<u64, StoreError> {
+        let fence = silt_metadata::runtime::spawn_blocking(move || -> Result<u64, StoreError> {
             let fence = read_fence(&dir)?;
             if fence < epoch {
                 write_fence(&dir, epoch)?;
@@ -236,7 +236,7 @@ impl PartitionWriter {
         while next < end {
             let body = if source == me {
                 let reader = Arc::clone(&self.log().reader());
-                tokio::task::spawn_blocking(move || reader.read(next, REPLICA_READ_BYTES_MAX))
+                silt_metadata::runtime::spawn_blocking(move || reader.read(next, REPLICA_READ_BYTES_MAX))
                     .await
                     .map_err(|e| StoreError::Failed(format!("read task panicked: {e}")))??
                     .batches

@@ -321,7 +321,7 @@ impl PartitionWriter {
         let Some(mut log) = self.log.take() else {
             return Err(StoreError::Failed(self.failed.clone().unwrap_or_else(|| "the log is gone".into())));
         };
-        match tokio::task::spawn_blocking(move || {
+        match silt_metadata::runtime::spawn_blocking(move || {
             let r = f(&mut log);
             (log, r)
         })
