@@ -29,6 +29,7 @@ pub mod log;
 pub mod memory_network;
 pub mod metrics;
 pub mod replication;
+pub mod sim_bugs;
 mod sync;
 pub mod transport;
 

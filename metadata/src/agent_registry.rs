@@ -60,8 +60,9 @@ pub struct AgentInfo {
     /// It deregistered: its lease ended then, whatever `lease_ms` says.
     #[serde(default)]
     pub left: bool,
-    /// When it last handed a partition over because it could not reach other agents
-    /// (`HandOffWriter`); rebalancing gives it nothing for a while after.
+    /// When it last handed a partition over (`HandOffWriter`: it could not reach other
+    /// agents, or its disk failed); rebalancing gives it nothing for a while after, and a
+    /// hand-off passes it over while another live agent can take the partition.
     #[serde(default)]
     pub handed_off_ms: u64,
 }
@@ -288,10 +289,19 @@ impl MetadataState {
                 *n += 1;
             }
         }
-        // A member of the open segment holds its tail: the recovery needs it anyway.
+        // An agent that handed a partition over lately may have the same trouble (a failed
+        // disk, a cut link): two of them would pass the partition back and forth while a
+        // healthy one waits. Among the others, a member of the open segment holds its tail:
+        // the recovery needs it anyway.
+        let handed_off_lately = |id: &str| {
+            self.agents.get(id).is_some_and(|a| {
+                let wait = a.lease_ms.saturating_mul(NO_REBALANCE_AFTER_HAND_OFF_LEASES);
+                a.handed_off_ms != 0 && a.handed_off_ms.saturating_add(wait) > now
+            })
+        };
         let Some(next) = load
             .iter()
-            .min_by_key(|(id, n)| (!members.iter().any(|m| m == *id), **n, **id))
+            .min_by_key(|(id, n)| (handed_off_lately(id), !members.iter().any(|m| m == *id), **n, **id))
             .map(|(id, _)| id.to_string())
         else {
             return Err(MetadataError::InvalidArgument(format!(
@@ -644,8 +654,42 @@ mod tests {
         };
         // c holds the open segment, but a cannot reach it either: b.
         assert_eq!(s.apply(&from("a", 1, &["c"])), Response::Writer { agent: "b".into(), epoch: 2 });
-        // b reaches nobody: it is the one cut off, and any live agent will do (a holder first).
-        assert_eq!(s.apply(&from("b", 2, &["a", "c"])), Response::Writer { agent: "a".into(), epoch: 3 });
+        // b reaches nobody: it is the one cut off, and any live agent will do (a holder that
+        // did not hand a partition over just now first).
+        assert_eq!(s.apply(&from("b", 2, &["a", "c"])), Response::Writer { agent: "c".into(), epoch: 3 });
+    }
+
+    #[test]
+    fn a_hand_off_passes_over_agents_that_handed_a_partition_over_lately_unless_none_else_is_live() {
+        let mut s = MetadataState::default();
+        register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        register(&mut s, "b", 0);
+        register(&mut s, "c", 0);
+        open_segment(&mut s, "t", 0, &["a", "b"]);
+        // a's disk failed: the other holder of the open segment, b, takes over.
+        assert_eq!(hand_off(&mut s, "a", 1, 100), Response::Writer { agent: "b".into(), epoch: 2 });
+        // b's disk fails too: not back to a, which handed a partition over lately, but to c,
+        // though c holds nothing of the open segment.
+        assert_eq!(hand_off(&mut s, "b", 2, 200), Response::Writer { agent: "c".into(), epoch: 3 });
+        // c hands over while a and b both did lately: the holder with the fewest partitions.
+        assert_eq!(hand_off(&mut s, "c", 3, 300), Response::Writer { agent: "a".into(), epoch: 4 });
+
+        // Ten of its leases later an agent's hand-off is forgotten: the holder of the open
+        // segment first again.
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 0);
+        create(&mut s, "t", 1, 0);
+        let (b, c) = (register(&mut s, "b", 0), register(&mut s, "c", 0));
+        open_segment(&mut s, "t", 0, &["a", "b"]);
+        assert_eq!(hand_off(&mut s, "a", 1, 100), Response::Writer { agent: "b".into(), epoch: 2 });
+        let later = 100 + NO_REBALANCE_AFTER_HAND_OFF_LEASES * 1_000;
+        for now in (500..=later).step_by(500) {
+            for (agent, incarnation) in [("a", a), ("b", b), ("c", c)] {
+                heartbeat(&mut s, agent, incarnation, now);
+            }
+        }
+        assert_eq!(hand_off(&mut s, "b", 2, later), Response::Writer { agent: "a".into(), epoch: 3 });
     }
 
     #[test]

@@ -310,6 +310,17 @@ impl Agent {
     ) -> Result<HeldSegment, ApiError> {
         let instance = self.inner.instance.clone();
         let (segment, segment_epoch) = (target.segment, target.segment_epoch);
+        if crate::sim_bugs::on(crate::sim_bugs::Bug::SkipFence) {
+            // Answers what it holds, and leaves the fence where it was.
+            let shared = self.replica(topic, partition, &target).await?;
+            return silt_metadata::runtime::spawn_blocking(move || match lock(&shared).as_mut() {
+                Some(r) => HeldSegment::of(r.log_mut(), segment, segment_epoch, &instance),
+                None => Err(StoreError::Failed("the replica was closed; retry".into())),
+            })
+            .await
+            .map_err(|e| ApiError::unavailable(format!("replica task panicked: {e}")))?
+            .map_err(ApiError::from);
+        }
         self.on_replica(topic, partition, &target, move |r| {
             HeldSegment::of(r.log_mut(), segment, segment_epoch, &instance)
         })

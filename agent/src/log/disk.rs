@@ -133,6 +133,12 @@ pub fn forget_process(data_dir: &Path) {
     lock(&FAULTS).retain(|f| !f.path_part.starts_with(prefix.as_ref()));
 }
 
+/// Whether an fsync failure left some directory under `data_dir` distrusted: the agent of
+/// `data_dir` needs a restart to use it again.
+pub fn distrusts_any_under(data_dir: &Path) -> bool {
+    lock(&DISTRUSTED).iter().any(|d| d.starts_with(data_dir))
+}
+
 /// Whether an fsync failure left `dir` (or a directory it is in) distrusted.
 pub fn is_distrusted(dir: &Path) -> bool {
     lock(&DISTRUSTED).iter().any(|d| dir.starts_with(d))

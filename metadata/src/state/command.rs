@@ -313,9 +313,12 @@ pub enum Command {
         now_ms: u64,
     },
     /// A writer that cannot reach a quorum of agents while metadata counts them live (it is
-    /// cut off from them, not from metadata) hands its partition to another live agent: a live
+    /// cut off from them, not from metadata), or whose disk failed an fsync it could not cut
+    /// back, hands its partition to another live agent: a live
     /// member of the open segment's ensemble if there is one, else the live agent with the
-    /// fewest partitions. The epoch is bumped; refused when no other agent is live.
+    /// fewest partitions; an agent that handed a partition over within the last
+    /// `NO_REBALANCE_AFTER_HAND_OFF_LEASES` of its leases only when no other is live. The
+    /// epoch is bumped; refused when no other agent is live.
     HandOffWriter {
         /// Topic name.
         topic: String,

@@ -34,6 +34,7 @@ use crate::log::replica::{
 };
 use crate::metrics::Metrics;
 use crate::replication::ensemble::{Ensemble, FollowerLag};
+use crate::sim_bugs::Bug;
 use crate::transport::{Peers, ReplicaTarget};
 
 /// How long a recovery waits, once it has the answers it needs, for the open segment's other
@@ -449,7 +450,12 @@ impl PartitionWriter {
             }
         };
         local?;
-        replicated?;
+        if crate::sim_bugs::on(Bug::ServePastWatermark) {
+            self.log().publish();
+        }
+        if !crate::sim_bugs::on(Bug::AckBeforeQuorum) {
+            replicated?;
+        }
         self.log().publish();
         Ok(())
     }

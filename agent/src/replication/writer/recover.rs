@@ -181,7 +181,15 @@ impl PartitionWriter {
                 return Ok(());
             }
             crate::replication::recovery::Plan::Seal { source, end, holding, copy_to } => {
-                (source, end, holding, copy_to)
+                match held.iter().find(|(m, _)| *m == me) {
+                    Some((_, mine)) if crate::sim_bugs::on(Bug::ReuseOffsetAfterCrash) => (
+                        me.clone(),
+                        mine.end_offset,
+                        held.iter().map(|(m, _)| m.clone()).collect(),
+                        Vec::new(),
+                    ),
+                    _ => (source, end, holding, copy_to),
+                }
             }
         };
         let Some(best) = held.iter().find(|(m, _)| *m == source).map(|(_, h)| h.clone()) else {

@@ -1,0 +1,230 @@
+//! The fault schedule: drawn from the seed before the run starts, applied between simulation
+//! steps, every fault healed when the fault phase ends.
+
+use std::fmt;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use silt_agent::log::disk::{self, FaultKind};
+use silt_agent::memory_network::Link;
+
+use crate::history::Ms;
+use crate::world::World;
+
+/// One fault, or its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Requests from one agent to another never arrive, or their answers are lost.
+    Link { from: String, to: String, link: Link },
+    /// An agent cut off from every other agent, both ways.
+    Isolate { agent: String, isolated: bool },
+    /// The agent's machine loses power: its processes stop at once and its disks keep only
+    /// what was fsynced, with the first `torn` bytes written since put down too.
+    Crash { agent: String, torn: usize },
+    /// The agent's process is killed (`kill -9`): what it wrote stays in the page cache.
+    Kill { agent: String },
+    /// The agent's machine (or process) starts again, and with it the agent.
+    Restart { agent: String },
+    /// The next `count` fsyncs of the agent's segments fail with EIO.
+    FsyncErrors { agent: String, count: u32 },
+    /// The next `count` writes to the agent's segments fail on a full disk, or stop short.
+    WriteErrors { agent: String, short: bool, count: u32 },
+    /// The agent's wall clock jumps by `ms`.
+    ClockStep { agent: String, ms: i64 },
+    /// Whichever agent writes `partition` at the time is cut off from every other agent.
+    IsolateWriter { partition: u32 },
+    /// Whichever agent writes `partition` at the time loses power, as [`Fault::Crash`]; with
+    /// `wipe`, its disk is replaced by an empty one too.
+    CrashWriter { partition: u32, torn: usize, wipe: bool },
+    /// Every agent whose machine is down starts again; every agent's links are mended.
+    RestartAll,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Link { from, to, link } => write!(f, "link {from} -> {to}: {link:?}"),
+            Fault::Isolate { agent, isolated: true } => write!(f, "isolate {agent}"),
+            Fault::Isolate { agent, isolated: false } => write!(f, "mend the links of {agent}"),
+            Fault::Crash { agent, torn } => write!(f, "power loss of {agent} (torn {torn} bytes)"),
+            Fault::Kill { agent } => write!(f, "kill -9 {agent}"),
+            Fault::Restart { agent } => write!(f, "restart {agent}"),
+            Fault::FsyncErrors { agent, count } => write!(f, "next {count} fsyncs of {agent} fail"),
+            Fault::WriteErrors { agent, short, count } => {
+                write!(
+                    f,
+                    "next {count} writes of {agent} {}",
+                    if *short { "stop short" } else { "find the disk full" }
+                )
+            }
+            Fault::ClockStep { agent, ms } => write!(f, "clock of {agent} steps {ms:+} ms"),
+            Fault::IsolateWriter { partition } => write!(f, "isolate the writer of partition {partition}"),
+            Fault::CrashWriter { partition, torn, wipe: false } => {
+                write!(f, "power loss of the writer of partition {partition} (torn {torn} bytes)")
+            }
+            Fault::CrashWriter { partition, wipe: true, .. } => {
+                write!(f, "power loss of the writer of partition {partition}, whose disk is replaced")
+            }
+            Fault::RestartAll => write!(f, "restart every agent that is down, mend every link"),
+        }
+    }
+}
+
+/// The faults of one run, in the order they happen.
+#[derive(Debug, Clone)]
+pub(crate) struct Schedule {
+    pub(crate) events: Vec<(Ms, Fault)>,
+}
+
+impl Schedule {
+    /// Draws the faults of a run whose fault phase lasts `phase` ms over `agents`, from `seed`.
+    /// Each fault that lasts ends within the phase; every fault left is healed at its end. With
+    /// `disk_loss`, a writer that loses power may lose its disk too.
+    pub(crate) fn draw(seed: u64, agents: &[String], phase: Ms, disk_loss: bool) -> Schedule {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5117_5111);
+        let mut events = Vec::new();
+        let count = rng.random_range(3..=10);
+        let mut wiped = false;
+        let pick = |rng: &mut StdRng| agents[rng.random_range(0..agents.len())].clone();
+        for _ in 0..count {
+            let at = rng.random_range(1_000..phase - 1_000);
+            let lasts = rng.random_range(200..=8_000).min(phase - at);
+            let end = at + lasts;
+            match rng.random_range(0..11) {
+                0 | 1 => {
+                    let (from, to) = two(&mut rng, agents);
+                    let link = if rng.random_bool(0.5) { Link::Cut } else { Link::RepliesLost };
+                    let both = rng.random_bool(0.5);
+                    events.push((at, Fault::Link { from: from.clone(), to: to.clone(), link }));
+                    events.push((end, Fault::Link { from: from.clone(), to: to.clone(), link: Link::Up }));
+                    if both {
+                        events.push((at, Fault::Link { from: to.clone(), to: from.clone(), link }));
+                        events.push((end, Fault::Link { from: to, to: from, link: Link::Up }));
+                    }
+                }
+                2 => {
+                    let agent = pick(&mut rng);
+                    events.push((at, Fault::Isolate { agent: agent.clone(), isolated: true }));
+                    events.push((end, Fault::Isolate { agent, isolated: false }));
+                }
+                3 | 4 => {
+                    let agent = pick(&mut rng);
+                    let torn = if rng.random_bool(0.5) { 0 } else { rng.random_range(1..200) };
+                    events.push((at, Fault::Crash { agent: agent.clone(), torn }));
+                    events.push((end, Fault::Restart { agent }));
+                }
+                5 => {
+                    let agent = pick(&mut rng);
+                    events.push((at, Fault::FsyncErrors { agent, count: rng.random_range(1..=3) }));
+                }
+                6 => {
+                    let agent = pick(&mut rng);
+                    let short = rng.random_bool(0.5);
+                    events.push((at, Fault::WriteErrors { agent, short, count: rng.random_range(1..=3) }));
+                }
+                8 => {
+                    let agent = pick(&mut rng);
+                    events.push((at, Fault::Kill { agent: agent.clone() }));
+                    events.push((end, Fault::Restart { agent }));
+                }
+                9 => {
+                    // The writer cut off from its followers (it may acknowledge nothing more),
+                    // then lost while they recover the partition without it.
+                    let partition = rng.random_range(0..crate::workload::PARTITIONS);
+                    let torn = if rng.random_bool(0.5) { 0 } else { rng.random_range(1..200) };
+                    // One disk replaced per run: two could hold the only copies of a segment
+                    // before its repair, a loss no replication factor of 3 survives.
+                    let wipe = rng.random_bool(0.5) && disk_loss && !wiped;
+                    wiped |= wipe;
+                    events.push((at, Fault::IsolateWriter { partition }));
+                    events.push((at + lasts / 2, Fault::CrashWriter { partition, torn, wipe }));
+                    events.push((end, Fault::RestartAll));
+                }
+                _ => {
+                    let agent = pick(&mut rng);
+                    let ms = rng.random_range(1_000..=3_600_000) * if rng.random_bool(0.5) { 1 } else { -1 };
+                    events.push((at, Fault::ClockStep { agent, ms }));
+                }
+            }
+        }
+        events.sort_by_key(|(at, _)| *at);
+        Schedule { events }
+    }
+}
+
+fn two(rng: &mut StdRng, agents: &[String]) -> (String, String) {
+    let a = rng.random_range(0..agents.len());
+    let b = (a + rng.random_range(1..agents.len())) % agents.len();
+    (agents[a].clone(), agents[b].clone())
+}
+
+/// Applies `fault` to the world and the simulation.
+pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) -> anyhow::Result<()> {
+    match fault {
+        Fault::Link { from, to, link } => world.net.set_link(from, to, *link),
+        Fault::Isolate { agent, isolated } => world.net.isolate(agent, *isolated),
+        Fault::Crash { agent, torn } => {
+            if sim.is_host_running(agent.as_str()) {
+                world.forget(agent);
+                sim.crash(agent.as_str());
+                world.lose_power(agent, *torn)?;
+            }
+        }
+        Fault::Kill { agent } => {
+            if sim.is_host_running(agent.as_str()) {
+                world.forget(agent);
+                sim.crash(agent.as_str());
+                world.forget_process(agent);
+            }
+        }
+        Fault::Restart { agent } => {
+            if !sim.is_host_running(agent.as_str()) {
+                sim.bounce(agent.as_str());
+            }
+        }
+        Fault::FsyncErrors { agent, count } => {
+            disk::inject_fsync_errors(&format!("{agent}/"), 0, *count);
+        }
+        Fault::WriteErrors { agent, short, count } => {
+            let kind = if *short { FaultKind::ShortWrite } else { FaultKind::NoSpace };
+            disk::inject_write_errors(kind, &format!("{agent}/"), 0, *count);
+        }
+        Fault::ClockStep { agent, ms } => world.clocks[agent].step(*ms),
+        Fault::IsolateWriter { partition } => {
+            if let Some(agent) = world.writer_of(*partition) {
+                apply(&Fault::Isolate { agent, isolated: true }, world, sim)?;
+            }
+        }
+        Fault::CrashWriter { partition, torn, wipe } => {
+            if let Some(agent) = world.writer_of(*partition) {
+                apply(&Fault::Crash { agent: agent.clone(), torn: *torn }, world, sim)?;
+                if *wipe {
+                    world.replace_disk(&agent)?;
+                }
+            }
+        }
+        Fault::RestartAll => {
+            for agent in &world.agents {
+                apply(&Fault::Isolate { agent: agent.clone(), isolated: false }, world, sim)?;
+                apply(&Fault::Restart { agent: agent.clone() }, world, sim)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What heals every fault still in effect at the end of the fault phase: links mended,
+/// crashed agents started again, and agents that distrust a directory after a failed fsync
+/// restarted (as an operator does when told so). Injected disk errors not yet used up stay;
+/// they are few.
+pub(crate) fn heal_all(world: &World) -> Vec<Fault> {
+    let mut heal = Vec::new();
+    for a in &world.agents {
+        heal.push(Fault::Isolate { agent: a.clone(), isolated: false });
+        if disk::distrusts_any_under(std::path::Path::new(a)) {
+            heal.push(Fault::Kill { agent: a.clone() });
+        }
+        heal.push(Fault::Restart { agent: a.clone() });
+    }
+    heal
+}

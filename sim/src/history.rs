@@ -1,0 +1,75 @@
+//! What the simulation's clients did and saw: every operation with the simulated times it
+//! started and ended, in the order operations ended. The checker judges nothing else.
+
+use std::fmt;
+
+/// Milliseconds of simulated time since the simulation started.
+pub(crate) type Ms = u64;
+
+/// One partition's record as a read returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub(crate) offset: u64,
+    pub(crate) value: String,
+}
+
+/// What one operation did.
+#[derive(Debug, Clone)]
+pub(crate) enum Op {
+    /// A produce of one message to a partition, through an agent.
+    Produce { partition: u32, via: String, value: String, result: Result<u64, String> },
+    /// A read of a partition from an offset, through an agent: the records, the next offset
+    /// and the high watermark it answered with.
+    Read { partition: u32, via: String, from: u64, result: Result<(Vec<Seen>, u64, u64), String> },
+    /// The whole partition, read once every fault was healed (`None`: it could not be read
+    /// to its end in time).
+    Final { partition: u32, log: Option<Vec<Seen>>, why: String },
+}
+
+/// An operation and when it ran.
+#[derive(Debug, Clone)]
+pub(crate) struct Event {
+    pub(crate) start: Ms,
+    pub(crate) end: Ms,
+    pub(crate) op: Op,
+}
+
+/// Every operation of a run, in the order they ended.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    pub(crate) events: Vec<Event>,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>7} {:>7} ", self.start, self.end)?;
+        match &self.op {
+            Op::Produce { partition, via, value, result } => match result {
+                Ok(offset) => write!(f, "produce p{partition} via {via} {value} -> acked at {offset}"),
+                Err(e) => write!(f, "produce p{partition} via {via} {value} -> failed: {e}"),
+            },
+            Op::Read { partition, via, from, result } => match result {
+                Ok((records, next, hwm)) => {
+                    write!(
+                        f,
+                        "read p{partition} via {via} from {from} -> {} records, next {next}, hwm {hwm}",
+                        records.len()
+                    )?;
+                    for r in records {
+                        write!(f, " {}={}", r.offset, r.value)?;
+                    }
+                    Ok(())
+                }
+                Err(e) => write!(f, "read p{partition} via {via} from {from} -> failed: {e}"),
+            },
+            Op::Final { partition, log: Some(log), .. } => {
+                write!(f, "final p{partition} -> {} records", log.len())?;
+                for r in log {
+                    write!(f, " {}={}", r.offset, r.value)?;
+                }
+                Ok(())
+            }
+            Op::Final { partition, log: None, why } => write!(f, "final p{partition} -> unreadable: {why}"),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The simulated cluster: a metadata node and agents, each a turmoil host with a runtime of its
+//! own (a crash drops the runtime with every task on it), the agents reaching each other over a
+//! [`MemoryNetwork`], their segment files under the process's working directory with every
+//! unsynced write recorded for a power loss, and each agent's clock its own.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use silt_agent::log::disk::{self, PowerLoss};
+use silt_agent::memory_network::MemoryNetwork;
+use silt_agent::metrics::Metrics;
+use silt_agent::{Agent, AgentConfig, ApiError};
+use silt_metadata::clock::{Clock, SystemClock};
+use silt_metadata::{Metadata, MetadataNode};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// How long an agent's lease lasts.
+pub(crate) const LEASE: Duration = Duration::from_secs(2);
+/// How long a client waits for an agent's answer.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An agent process that runs, and the runtime it runs on.
+#[derive(Clone)]
+struct Running {
+    agent: Agent,
+    runtime: Handle,
+}
+
+/// A clock that reads the simulated wall clock moved by every step a fault made.
+#[derive(Debug, Default)]
+pub(crate) struct SteppedClock {
+    offset_ms: AtomicI64,
+}
+
+impl SteppedClock {
+    /// Moves the clock by `ms` (back when negative).
+    pub(crate) fn step(&self, ms: i64) {
+        self.offset_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for SteppedClock {
+    fn now_ms(&self) -> u64 {
+        (SystemClock.now_ms() as i64 + self.offset_ms.load(Ordering::SeqCst)).max(0) as u64
+    }
+}
+
+/// Everything the hosts, the clients and the fault schedule share.
+pub(crate) struct World {
+    pub(crate) agents: Vec<String>,
+    pub(crate) net: Arc<MemoryNetwork>,
+    running: Mutex<BTreeMap<String, Running>>,
+    metadata: Mutex<Option<MetadataNode>>,
+    pub(crate) clocks: BTreeMap<String, Arc<SteppedClock>>,
+    power: BTreeMap<String, Arc<PowerLoss>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl World {
+    /// A world of `agents` agents, none started.
+    pub(crate) fn new(agents: usize) -> Arc<World> {
+        let agents: Vec<String> = (0..agents).map(|i| format!("agent-{i}")).collect();
+        let clocks = agents.iter().map(|a| (a.clone(), Arc::new(SteppedClock::default()))).collect();
+        let power = agents.iter().map(|a| (a.clone(), disk::record_unsynced(&format!("{a}/")))).collect();
+        Arc::new(World {
+            agents,
+            net: MemoryNetwork::new(),
+            running: Mutex::new(BTreeMap::new()),
+            metadata: Mutex::new(None),
+            clocks,
+            power,
+        })
+    }
+
+    /// The metadata host's software: opens the node under `metadata/` and serves.
+    pub(crate) async fn run_metadata(self: Arc<World>) -> turmoil::Result {
+        let node = MetadataNode::open(Path::new("metadata"), 1, "sim://metadata".into()).await?;
+        *lock(&self.metadata) = Some(node);
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+
+    /// An agent host's software: starts the agent `id` on its data directory once metadata
+    /// serves (as a service manager would, again after a failed start), then serves.
+    pub(crate) async fn run_agent(self: Arc<World>, id: String) -> turmoil::Result {
+        let agent = loop {
+            let Some(node) = lock(&self.metadata).clone() else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let mut config = AgentConfig::new(&id, format!("sim://{id}"), PathBuf::from(&id));
+            config.lease = LEASE;
+            config.default_replication_factor = 3;
+            config.peers = Some(self.net.peers(&id));
+            config.clock = Arc::clone(&self.clocks[&id]) as Arc<dyn Clock>;
+            let started = Agent::start(
+                config,
+                Metadata::from(node),
+                Arc::new(Metrics::new()),
+                None,
+                CancellationToken::new(),
+            )
+            .await;
+            match started {
+                Ok(agent) => break agent,
+                Err(e) => {
+                    warn!(agent = %id, error = %e, "the agent did not start; starting it again in a second");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        self.net.join(&agent);
+        lock(&self.running).insert(id, Running { agent, runtime: Handle::current() });
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+
+    /// Before the host of agent `id` crashes: it is gone for the clients.
+    pub(crate) fn forget(&self, id: &str) {
+        lock(&self.running).remove(id);
+    }
+
+    /// After the host of agent `id` crashed: its disk loses what no fsync covered, the first
+    /// `torn` bytes of it put down, and the next process of it starts afresh.
+    pub(crate) fn lose_power(&self, id: &str, torn: usize) -> std::io::Result<()> {
+        self.power[id].lose_unsynced(torn)?;
+        disk::forget_process(Path::new(id));
+        Ok(())
+    }
+
+    /// While the host of agent `id` is down: its disk is replaced by an empty one.
+    pub(crate) fn replace_disk(&self, id: &str) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(id) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The agent that writes `partition` of the workload's topic now, if metadata names one.
+    pub(crate) fn writer_of(&self, partition: u32) -> Option<String> {
+        let node = lock(&self.metadata).clone()?;
+        node.read_local(|s| {
+            s.topics.get(crate::workload::TOPIC)?.partitions.get(partition as usize)?.writer.clone()
+        })
+    }
+
+    /// After the process of agent `id` was killed: the next one starts afresh (without the
+    /// old one's distrust of its directories and injected faults).
+    pub(crate) fn forget_process(&self, id: &str) {
+        disk::forget_process(Path::new(id));
+    }
+
+    /// Runs `request` on agent `id`, on its runtime, as a client's request over the network
+    /// would, and waits for the answer up to the client's timeout.
+    pub(crate) async fn call<T, F, Fut>(&self, id: &str, request: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce(Agent) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let Some(running) = lock(&self.running).get(id).cloned() else {
+            return Err(format!("{id} is down"));
+        };
+        let task = running.runtime.spawn(request(running.agent));
+        match tokio::time::timeout(CLIENT_TIMEOUT, task).await {
+            Ok(Ok(Ok(answer))) => Ok(answer),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(_)) => Err(format!("{id} crashed while answering")),
+            Err(_) => Err(format!("{id} did not answer within {CLIENT_TIMEOUT:?}")),
+        }
+    }
+}
