@@ -51,8 +51,8 @@ cargo nextest run --workspace --locked --no-fail-fast || status=$?
 
 # A short schedule of the deterministic simulator (docs/reliability.md); scripts/sim.sh runs
 # it for hours. A failing seed replays alone: silt-sim --seed S --trace.
-echo "== simulation: seeds 0..${SILT_SIM_SEEDS:-150}"
-"$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_SEEDS:-150}" -j "$(nproc)" || status=$?
+echo "== simulation: seeds 0..${SILT_SIM_SEEDS:-100}"
+"$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_SEEDS:-100}" -j "$(nproc)" || status=$?
 if [[ $status -ne 0 ]]; then
   # The emulators are stopped (and their logs overwritten by the next start) after this: show
   # what they logged last, for a failure that was theirs.

@@ -6,8 +6,10 @@
 //! runtime the agent joined from: in the simulator each agent has a runtime of its own, which a
 //! crash drops with every task on it, handlers included. The network can
 //! cut a link (the request never arrives; the sender hears so at once, as from a refused
-//! connection) or lose its replies (the request is applied; the sender hears nothing, at once
-//! rather than after the timeout), in one direction at a time.
+//! connection), lose its replies (the request is applied; the sender hears nothing, at once
+//! rather than after the timeout), or delay each request and each answer by its own random time
+//! up to a bound (so that requests overtake each other, and one that arrives too late for the
+//! sender's timeout never runs), in one direction at a time.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +37,8 @@ pub enum Link {
     Cut,
     /// They arrive and are applied; the answer is lost.
     RepliesLost,
+    /// Each request, and each answer, takes a random time up to this bound to arrive.
+    Delayed(Duration),
 }
 
 /// Agents of one process, by id, and the state of the links between them. Links are directed:
@@ -43,6 +47,8 @@ pub enum Link {
 pub struct MemoryNetwork {
     agents: RwLock<HashMap<String, Joined>>,
     links: RwLock<HashMap<(String, String), Link>>,
+    /// Where the delays of [`Link::Delayed`] are drawn from (a simulation's seed decides it).
+    jitter: std::sync::Mutex<u64>,
 }
 
 impl MemoryNetwork {
@@ -89,6 +95,19 @@ impl MemoryNetwork {
         }
     }
 
+    /// How long one message over `link` takes: up to the bound of a delayed link, else none.
+    fn delay(&self, link: Link) -> Duration {
+        let Link::Delayed(max) = link else { return Duration::ZERO };
+        // splitmix64: the draws depend only on their order, which a simulation's seed fixes.
+        let mut state = crate::sync::lock(&self.jitter);
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        max.mul_f64((z >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
     fn link(&self, from: &str, to: &str) -> Link {
         let links = crate::sync::read_lock(&self.links);
         links.get(&(from.to_string(), to.to_string())).copied().unwrap_or(Link::Up)
@@ -132,6 +151,15 @@ impl MemoryPeers {
     {
         let lost = |what: &str| ApiError::unavailable(format!("agent '{to}' did not answer: {what}"));
         let link = self.net.link(&self.me, to);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let there = self.net.delay(link);
+        if !there.is_zero() {
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + there)).await;
+            if tokio::time::Instant::now() >= deadline {
+                self.reach.reached(to, false);
+                return Err(lost(&format!("no answer within {timeout:?}")));
+            }
+        }
         let Some((agent, runtime)) = self.net.agent(to).filter(|_| link != Link::Cut) else {
             self.reach.reached(to, false);
             return Err(lost("unreachable"));
@@ -140,7 +168,7 @@ impl MemoryPeers {
             Some(runtime) => runtime.spawn(request(agent)),
             None => tokio::spawn(request(agent)),
         };
-        let answer = match tokio::time::timeout(timeout, &mut task).await {
+        let answer = match tokio::time::timeout_at(deadline, &mut task).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
                 self.reach.reached(to, false);
@@ -155,6 +183,15 @@ impl MemoryPeers {
         if link == Link::RepliesLost {
             self.reach.reached(to, false);
             return Err(lost("its answer was lost"));
+        }
+        let back = self.net.delay(link);
+        if !back.is_zero() {
+            if tokio::time::Instant::now() + back > deadline {
+                tokio::time::sleep_until(deadline).await;
+                self.reach.reached(to, false);
+                return Err(lost(&format!("no answer within {timeout:?}")));
+            }
+            tokio::time::sleep(back).await;
         }
         self.reach.reached(to, true);
         answer
@@ -185,7 +222,8 @@ impl Peer for MemoryPeers {
     }
 
     async fn probe(&self, (to, _): (&str, &str)) -> bool {
-        let answered = self.net.link(&self.me, to) == Link::Up && self.net.agent(to).is_some();
+        let link = self.net.link(&self.me, to);
+        let answered = matches!(link, Link::Up | Link::Delayed(_)) && self.net.agent(to).is_some();
         if answered {
             self.reach.reached(to, true);
         }

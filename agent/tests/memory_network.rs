@@ -13,7 +13,8 @@ use silt_agent::limits::ReadLimit;
 use silt_agent::memory_network::{Link, MemoryNetwork};
 use silt_agent::metrics::Metrics;
 use silt_agent::{Agent, AgentConfig, ApiError};
-use silt_metadata::{Metadata, MetadataNode};
+use silt_metadata::handle::{LinkState, MetadataLink};
+use silt_metadata::{Metadata, MetadataNode, RemoteMetadata};
 use silt_record::{MessageId, Record};
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +23,8 @@ const TOPIC: &str = "events";
 struct Cluster {
     net: Arc<MemoryNetwork>,
     agents: Vec<Agent>,
+    /// Each agent's link to metadata, when it reaches metadata over one.
+    metadata_links: HashMap<String, Arc<MetadataLink>>,
     metadata: MetadataNode,
     cancel: CancellationToken,
     _dir: tempfile::TempDir,
@@ -29,6 +32,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(false).await
+    }
+
+    /// With `linked`, each agent reaches metadata over a link of its own (a copy of the state
+    /// that lags as a remote one does, and a link the test can cut).
+    async fn start_with(linked: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let metadata = MetadataNode::open(&dir.path().join("metadata"), 1, "memory".into())
             .await
@@ -36,25 +45,28 @@ impl Cluster {
         let net = MemoryNetwork::new();
         let cancel = CancellationToken::new();
         let mut agents = Vec::new();
+        let mut metadata_links = HashMap::new();
         for i in 0..3 {
             let id = format!("agent-{i}");
+            let handle = if linked {
+                let link = MetadataLink::new(Duration::from_secs(3));
+                metadata_links.insert(id.clone(), Arc::clone(&link));
+                let copy = RemoteMetadata::linked(metadata.clone(), link, cancel.child_token()).await;
+                Metadata::Remote(copy.expect("a copy of the metadata state"))
+            } else {
+                Metadata::from(metadata.clone())
+            };
             let mut config = AgentConfig::new(&id, format!("memory-{i}"), dir.path().join(&id));
             config.lease = Duration::from_secs(2);
             config.default_replication_factor = 3;
             config.peers = Some(net.peers(&id));
-            let agent = Agent::start(
-                config,
-                Metadata::from(metadata.clone()),
-                Arc::new(Metrics::new()),
-                None,
-                cancel.child_token(),
-            )
-            .await
-            .expect("agent starts");
+            let agent = Agent::start(config, handle, Arc::new(Metrics::new()), None, cancel.child_token())
+                .await
+                .expect("agent starts");
             net.join(&agent);
             agents.push(agent);
         }
-        Cluster { net, agents, metadata, cancel, _dir: dir }
+        Cluster { net, agents, metadata_links, metadata, cancel, _dir: dir }
     }
 
     fn agent(&self, id: &str) -> &Agent {
@@ -261,6 +273,71 @@ async fn appends_applied_by_a_follower_whose_answers_are_lost_leave_no_second_re
 }
 
 /// How many ensemble repairs `agent` counted with `outcome`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_and_overtaking_messages_keep_every_acknowledged_message_at_one_offset() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    cluster.ensemble().await;
+    // Every request and every answer between any two agents takes up to 300 ms, each its own
+    // time: forwarded produces and appends overtake each other.
+    let ids: Vec<String> = cluster.agents.iter().map(|a| a.id().to_string()).collect();
+    for from in &ids {
+        for to in ids.iter().filter(|to| *to != from) {
+            cluster.net.set_link(from, to, Link::Delayed(Duration::from_millis(300)));
+        }
+    }
+    let produced = (0..30).map(|i| produce_acked(&cluster.agents[i % 3], i));
+    let offsets = futures::future::join_all(produced).await;
+    let acked: HashMap<u64, usize> = offsets.into_iter().zip(0..).collect();
+    assert_eq!(acked.len(), 30, "two acknowledgements named one offset");
+    for from in &ids {
+        for to in ids.iter().filter(|to| *to != from) {
+            cluster.net.set_link(from, to, Link::Up);
+        }
+    }
+    check_after_losing_the_writer(&cluster, &acked).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_its_lease_may_have_lapsed() {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (old, _) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(cluster.agent(&old), i).await, i);
+    }
+    // The writer still reaches the other agents, but not metadata: its lease lapses there and
+    // another agent takes the partition over, while the old writer's copy still names it.
+    cluster.metadata_links[&old].set(LinkState::Cut);
+    let new = writer_other_than(&cluster, &old).await;
+    let mut last = 0;
+    for i in 10..20 {
+        let offset = produce_acked(cluster.agent(&new), i).await;
+        acked.insert(offset, i);
+        last = last.max(offset);
+    }
+    // Every answer the old writer gives from now on is either a refusal or at least as new as
+    // the last acknowledgement: never a stale end of the partition.
+    for _ in 0..5 {
+        match cluster.agent(&old).read(TOPIC, 0, 0, ReadLimit::new(1000, 1 << 20), false).await {
+            Ok((_, _, hwm)) => {
+                assert!(hwm > last, "{old} answered hwm {hwm}; offset {last} was acknowledged before")
+            }
+            Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
+        }
+    }
+    // A produce through it is refused, or acknowledged at an offset after the new writer's.
+    if let Ok(ids) = cluster.agent(&old).produce(TOPIC, vec![message(20)]).await {
+        assert!(offset(&ids[0]) > last, "{old} acknowledged at {}, not after {last}", offset(&ids[0]));
+        acked.insert(offset(&ids[0]), 20);
+    }
+    cluster.metadata_links[&old].set(LinkState::Up);
+    check(&read_all(cluster.agent(&new)).await, &acked);
+    cluster.stop().await;
+}
+
 fn repairs(agent: &Agent, outcome: &str) -> u64 {
     let prefix = format!("silt_agent_ensemble_repairs_total{{outcome=\"{outcome}\"}} ");
     agent.metrics().encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)

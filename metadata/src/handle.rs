@@ -8,8 +8,12 @@
 //! write, so a write is followed by a local view that includes it. A refresh asks for the state
 //! only if something was applied since the copy's index, so an idle cluster costs a small
 //! answer per refresh.
+//!
+//! A remote copy reaches its cluster over HTTP, or, in the simulator, a node in the same
+//! process over a [`MetadataLink`] that can be cut or lose its replies: the copy then lags and
+//! its calls time out exactly as over a partitioned network.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -17,7 +21,9 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::api::Change;
+use crate::api::{Change, StateDelta};
+use crate::node::LeaderError;
+use crate::raft::state_machine_store::Changes;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
 
 /// How often a remote copy of the state is refreshed when nothing asks for it sooner.
@@ -54,7 +60,7 @@ impl Metadata {
     pub async fn write_unobserved(&self, cmd: Command) -> Result<Response, MetadataError> {
         match self {
             Metadata::Local(node) => node.write(cmd).await,
-            Metadata::Remote(remote) => remote.inner.client.write(cmd).await,
+            Metadata::Remote(remote) => remote.inner.source.write(cmd).await,
         }
     }
 
@@ -93,7 +99,7 @@ pub struct RemoteMetadata {
 }
 
 struct RemoteInner {
-    client: MetadataClient,
+    source: Source,
     /// The copy, and the applied index it is current at.
     state: RwLock<(Arc<MetadataState>, Option<u64>)>,
     /// Bumped by every caller that needs a refresh that starts after it asked.
@@ -111,11 +117,25 @@ impl RemoteMetadata {
     /// Connects: reads the state once (so the local copy is never empty), then keeps it fresh
     /// until `cancel`.
     pub async fn connect(client: MetadataClient, cancel: CancellationToken) -> Result<Self, MetadataError> {
-        let first = client.read_state().await?;
+        Self::start(Source::Http(client), cancel).await
+    }
+
+    /// Like [`connect`](Self::connect), to `node` in this process over `link` (the simulator's
+    /// agents: a copy that lags as a remote one does, behind a link that can fail).
+    pub async fn linked(
+        node: MetadataNode,
+        link: Arc<MetadataLink>,
+        cancel: CancellationToken,
+    ) -> Result<Self, MetadataError> {
+        Self::start(Source::Linked { node, link }, cancel).await
+    }
+
+    async fn start(source: Source, cancel: CancellationToken) -> Result<Self, MetadataError> {
+        let (first_index, first) = source.read_state().await?;
         let remote = RemoteMetadata {
             inner: Arc::new(RemoteInner {
-                client,
-                state: RwLock::new((Arc::new(first.state), first.applied_index)),
+                source,
+                state: RwLock::new((Arc::new(first), first_index)),
                 requested: AtomicU64::new(0),
                 completed: watch::Sender::new(0),
                 wake: Notify::new(),
@@ -147,17 +167,12 @@ impl RemoteMetadata {
         )
     }
 
-    /// The client this copy reads through.
-    pub fn client(&self) -> &MetadataClient {
-        &self.inner.client
-    }
-
     fn snapshot(&self) -> Arc<MetadataState> {
         Arc::clone(&self.inner.state.read().unwrap_or_else(|e| e.into_inner()).0)
     }
 
     async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
-        let response = self.inner.client.write(cmd).await;
+        let response = self.inner.source.write(cmd).await;
         // Refused commands were committed too; either way the copy should catch up.
         if !matches!(response, Err(MetadataError::Unavailable(_))) {
             let wanted = self.inner.requested.fetch_add(1, Ordering::SeqCst) + 1;
@@ -176,12 +191,7 @@ impl RemoteMetadata {
             Some(index) => {
                 // Only what changed, while the leader keeps it; a node that does not answer
                 // with changes (an older version) sends the whole state instead.
-                let delta = match self.inner.client.read_changes_after(index).await {
-                    Err(MetadataError::InvalidArgument(_)) => {
-                        self.inner.client.read_state_after(index).await?
-                    }
-                    other => other?,
-                };
+                let delta = self.inner.source.read_changes_after(index).await?;
                 match (delta.state, delta.changes) {
                     (Some(state), _) => {
                         self.inner.full_reads.fetch_add(1, Ordering::Relaxed);
@@ -195,9 +205,9 @@ impl RemoteMetadata {
                 }
             }
             None => {
-                let reply = self.inner.client.read_state().await?;
+                let (applied_index, state) = self.inner.source.read_state().await?;
                 self.inner.full_reads.fetch_add(1, Ordering::Relaxed);
-                self.replace(reply.state, reply.applied_index)
+                self.replace(state, applied_index)
             }
         };
         self.inner.completed.send_if_modified(|c| {
@@ -252,5 +262,197 @@ impl RemoteMetadata {
                 }
             }
         }
+    }
+}
+
+/// Where a remote copy reads its state and sends its writes.
+enum Source {
+    /// A `silt metadata` cluster.
+    Http(MetadataClient),
+    /// A node in this process, over a link that can fail.
+    Linked { node: MetadataNode, link: Arc<MetadataLink> },
+}
+
+impl Source {
+    async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
+        match self {
+            Source::Http(client) => client.write(cmd).await,
+            Source::Linked { node, link } => {
+                link.send().await?;
+                let response = node.write(cmd).await;
+                link.answer(response).await
+            }
+        }
+    }
+
+    /// A linearizable read of the whole state, and the applied index it is current at.
+    async fn read_state(&self) -> Result<(Option<u64>, MetadataState), MetadataError> {
+        match self {
+            Source::Http(client) => client.read_state().await.map(|r| (r.applied_index, r.state)),
+            Source::Linked { node, link } => {
+                link.send().await?;
+                let read = node.read_state(node.request_timeout()).await.map_err(unavailable);
+                link.answer(read).await
+            }
+        }
+    }
+
+    /// A linearizable read of what changed after index `after`.
+    async fn read_changes_after(&self, after: u64) -> Result<StateDelta, MetadataError> {
+        match self {
+            Source::Http(client) => match client.read_changes_after(after).await {
+                // A node that does not answer with changes (an older version) sends the whole
+                // state instead.
+                Err(MetadataError::InvalidArgument(_)) => client.read_state_after(after).await,
+                other => other,
+            },
+            Source::Linked { node, link } => {
+                link.send().await?;
+                let read = node.read_changes(node.request_timeout(), after).await.map_err(unavailable);
+                let (applied_index, changes) = link.answer(read).await?;
+                let (state, changes) = match changes {
+                    Changes::Unchanged => (None, None),
+                    Changes::State(state) => (Some(state), None),
+                    Changes::Commands(commands) => (
+                        None,
+                        Some(
+                            commands.into_iter().map(|(index, command)| Change { index, command }).collect(),
+                        ),
+                    ),
+                };
+                Ok(StateDelta { node_id: node.node_id(), applied_index, state, changes })
+            }
+        }
+    }
+}
+
+fn unavailable(e: LeaderError) -> MetadataError {
+    match e {
+        LeaderError::NotLeader => MetadataError::Unavailable("the metadata node lost its leadership".into()),
+        LeaderError::Retry(m) | LeaderError::Unknown(m) | LeaderError::Invalid(m) => {
+            MetadataError::Unavailable(m)
+        }
+    }
+}
+
+/// What a [`MetadataLink`] does to the calls over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LinkState {
+    /// Calls arrive and are answered.
+    Up = 0,
+    /// Calls never arrive: each fails once the client's time is up.
+    Cut = 1,
+    /// Calls arrive and take effect, but their answers are lost: each fails once the client's
+    /// time is up.
+    RepliesLost = 2,
+}
+
+/// A link from a process to a metadata node in the same process, which a simulation cuts and
+/// mends. A call that fails on it takes the whole client timeout first, as one to an
+/// unreachable cluster does.
+#[derive(Debug)]
+pub struct MetadataLink {
+    state: AtomicU8,
+    timeout: Duration,
+}
+
+impl MetadataLink {
+    /// A link that is up, whose failed calls take `timeout`.
+    pub fn new(timeout: Duration) -> Arc<MetadataLink> {
+        Arc::new(MetadataLink { state: AtomicU8::new(LinkState::Up as u8), timeout })
+    }
+
+    /// From now on, calls fare as `state` says.
+    pub fn set(&self, state: LinkState) {
+        self.state.store(state as u8, Ordering::SeqCst);
+    }
+
+    /// What the link does now.
+    pub fn state(&self) -> LinkState {
+        match self.state.load(Ordering::SeqCst) {
+            0 => LinkState::Up,
+            1 => LinkState::Cut,
+            _ => LinkState::RepliesLost,
+        }
+    }
+
+    fn lost(&self) -> MetadataError {
+        MetadataError::Unavailable(format!(
+            "metadata did not answer within {} ms (unreachable)",
+            self.timeout.as_millis()
+        ))
+    }
+
+    /// A call leaving: fails (after the timeout) when the link is cut.
+    async fn send(&self) -> Result<(), MetadataError> {
+        if self.state() == LinkState::Cut {
+            tokio::time::sleep(self.timeout).await;
+            return Err(self.lost());
+        }
+        Ok(())
+    }
+
+    /// A call's answer coming back: lost (after the timeout) unless the link is up now.
+    async fn answer<T>(&self, answer: Result<T, MetadataError>) -> Result<T, MetadataError> {
+        if self.state() != LinkState::Up {
+            tokio::time::sleep(self.timeout).await;
+            return Err(self.lost());
+        }
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn create_topic(name: &str) -> Command {
+        Command::CreateTopic { name: name.to_string(), partitions: 1, config: BTreeMap::new(), now_ms: 1_000 }
+    }
+
+    fn has_topic(metadata: &Metadata, name: &str) -> bool {
+        metadata.read_local(|s| s.topics.contains_key(name))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_linked_copy_fails_as_a_partitioned_remote_one_does_and_catches_up_once_mended() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = MetadataNode::open(dir.path(), 1, "127.0.0.1:7000".into()).await.unwrap();
+        let link = MetadataLink::new(Duration::from_millis(300));
+        let cancel = CancellationToken::new();
+        let copy = Metadata::Remote(
+            RemoteMetadata::linked(node.clone(), Arc::clone(&link), cancel.clone()).await.unwrap(),
+        );
+
+        copy.write(create_topic("up")).await.unwrap();
+        assert!(has_topic(&copy, "up"), "a write over a link that is up is in the copy when it returns");
+
+        link.set(LinkState::Cut);
+        let cut = copy.write(create_topic("cut")).await;
+        assert!(matches!(cut, Err(MetadataError::Unavailable(_))), "{cut:?}");
+        assert!(!node.read_local(|s| s.topics.contains_key("cut")), "a write over a cut link never arrives");
+        node.write(create_topic("meanwhile")).await.unwrap();
+        assert!(matches!(copy.read(|_| ()).await, Err(MetadataError::Unavailable(_))));
+        assert!(!has_topic(&copy, "meanwhile"), "the copy lags while the link is cut");
+
+        link.set(LinkState::RepliesLost);
+        let lost = copy.write(create_topic("lost")).await;
+        assert!(matches!(lost, Err(MetadataError::Unavailable(_))), "{lost:?}");
+        assert!(
+            node.read_local(|s| s.topics.contains_key("lost")),
+            "a write whose answer is lost took effect"
+        );
+
+        link.set(LinkState::Up);
+        assert!(copy
+            .read(|s| s.topics.contains_key("meanwhile") && s.topics.contains_key("lost"))
+            .await
+            .unwrap());
+        assert!(has_topic(&copy, "lost"), "a read refreshes the copy");
+        cancel.cancel();
+        node.shutdown().await;
     }
 }

@@ -11,7 +11,9 @@
 //!   high watermark at or above the acknowledged offset.
 //! - `out-of-order`: a read returns offsets in increasing order, from where it was asked to
 //!   start, below the high watermark it answered with.
-//! - `unrecovered`: once every fault is healed, each partition can be read to its end.
+//! - `unrecovered`: once every fault is healed, each partition can be read to its end (a
+//!   partition read only part of the way is judged by the rest first: a message acknowledged
+//!   beyond what it holds is `acked-lost`).
 
 use std::collections::BTreeMap;
 
@@ -31,11 +33,17 @@ fn violation(property: &'static str, detail: String) -> Result<(), Violation> {
 /// Checks `history` (see the module documentation).
 pub(crate) fn check(history: &History) -> Result<(), Violation> {
     let mut finals: BTreeMap<u32, BTreeMap<u64, &str>> = BTreeMap::new();
+    // A partition read only part of the way: judged `unrecovered` unless what it lost of the
+    // acknowledged messages says more.
+    let mut unrecovered = None;
     for e in &history.events {
         if let Op::Final { partition, log, why } = &e.op {
             let Some(log) = log else {
                 return violation("unrecovered", format!("partition {partition}: {why}"));
             };
+            if !why.is_empty() && unrecovered.is_none() {
+                unrecovered = Some(format!("partition {partition}: {why}"));
+            }
             finals.insert(*partition, log.iter().map(|r| (r.offset, r.value.as_str())).collect());
         }
     }
@@ -72,6 +80,10 @@ pub(crate) fn check(history: &History) -> Result<(), Violation> {
                 )
             }
         }
+    }
+
+    if let Some(why) = unrecovered {
+        return violation("unrecovered", why);
     }
 
     // Reads: in order, below their watermark, never undone, never behind an acknowledgement.
@@ -193,6 +205,20 @@ mod tests {
         let unreadable =
             Event { start: 0, end: 0, op: Op::Final { partition: 0, log: None, why: "no writer".into() } };
         assert_eq!(verdict(vec![unreadable]), Err("unrecovered"));
+        let short = |log: &[(u64, &str)]| Event {
+            start: 0,
+            end: 0,
+            op: Op::Final {
+                partition: 0,
+                log: Some(log.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect()),
+                why: "hwm 1 below the acknowledged 1".into(),
+            },
+        };
+        assert_eq!(
+            verdict(vec![produce(1, "m0", 0), produce(2, "m1", 1), short(&[(0, "m0")])]),
+            Err("acked-lost")
+        );
+        assert_eq!(verdict(vec![produce(1, "m0", 0), short(&[(0, "m0")])]), Err("unrecovered"));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use silt_agent::log::disk::{self, FaultKind};
 use silt_agent::memory_network::Link;
+use silt_metadata::handle::LinkState;
 
 use crate::history::Ms;
 use crate::world::World;
@@ -14,10 +15,19 @@ use crate::world::World;
 /// One fault, or its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// Requests from one agent to another never arrive, or their answers are lost.
+    /// Requests from one agent to another never arrive, their answers are lost, or each
+    /// request and answer takes its own random time up to a bound (overtaking each other).
     Link { from: String, to: String, link: Link },
     /// An agent cut off from every other agent, both ways.
     Isolate { agent: String, isolated: bool },
+    /// An agent's calls to metadata never arrive, or arrive and lose their answers; it still
+    /// reaches the other agents.
+    MetadataLink { agent: String, link: LinkState },
+    /// Whichever agent writes `partition` at the time is cut off from metadata (not from the
+    /// other agents): its lease lapses while it may still write to its followers. With `slow`,
+    /// its requests to the other agents take up to that long too, so that appends it sent
+    /// before its lease lapsed arrive after the next writer took over.
+    CutWriterFromMetadata { partition: u32, slow: Option<std::time::Duration> },
     /// The agent's machine loses power: its processes stop at once and its disks keep only
     /// what was fsynced, with the first `torn` bytes written since put down too.
     Crash { agent: String, torn: usize },
@@ -38,6 +48,10 @@ pub(crate) enum Fault {
     CrashWriter { partition: u32, torn: usize, wipe: bool },
     /// Every agent whose machine is down starts again; every agent's links are mended.
     RestartAll,
+    /// Every agent's link to metadata is mended.
+    MendMetadataLinks,
+    /// Every link, between agents and to metadata, is mended.
+    MendAllLinks,
 }
 
 impl fmt::Display for Fault {
@@ -46,6 +60,15 @@ impl fmt::Display for Fault {
             Fault::Link { from, to, link } => write!(f, "link {from} -> {to}: {link:?}"),
             Fault::Isolate { agent, isolated: true } => write!(f, "isolate {agent}"),
             Fault::Isolate { agent, isolated: false } => write!(f, "mend the links of {agent}"),
+            Fault::MetadataLink { agent, link } => write!(f, "link {agent} -> metadata: {link:?}"),
+            Fault::CutWriterFromMetadata { partition, slow: None } => {
+                write!(f, "cut the writer of partition {partition} off from metadata")
+            }
+            Fault::CutWriterFromMetadata { partition, slow: Some(slow) } => {
+                write!(f, "cut the writer of partition {partition} off from metadata, its requests delayed up to {slow:?}")
+            }
+            Fault::MendMetadataLinks => write!(f, "mend every link to metadata"),
+            Fault::MendAllLinks => write!(f, "mend every link"),
             Fault::Crash { agent, torn } => write!(f, "power loss of {agent} (torn {torn} bytes)"),
             Fault::Kill { agent } => write!(f, "kill -9 {agent}"),
             Fault::Restart { agent } => write!(f, "restart {agent}"),
@@ -90,10 +113,14 @@ impl Schedule {
             let at = rng.random_range(1_000..phase - 1_000);
             let lasts = rng.random_range(200..=8_000).min(phase - at);
             let end = at + lasts;
-            match rng.random_range(0..11) {
+            match rng.random_range(0..13) {
                 0 | 1 => {
                     let (from, to) = two(&mut rng, agents);
-                    let link = if rng.random_bool(0.5) { Link::Cut } else { Link::RepliesLost };
+                    let link = match rng.random_range(0..3) {
+                        0 => Link::Cut,
+                        1 => Link::RepliesLost,
+                        _ => Link::Delayed(std::time::Duration::from_millis(rng.random_range(50..=6_000))),
+                    };
                     let both = rng.random_bool(0.5);
                     events.push((at, Fault::Link { from: from.clone(), to: to.clone(), link }));
                     events.push((end, Fault::Link { from: from.clone(), to: to.clone(), link: Link::Up }));
@@ -140,6 +167,25 @@ impl Schedule {
                     events.push((at + lasts / 2, Fault::CrashWriter { partition, torn, wipe }));
                     events.push((end, Fault::RestartAll));
                 }
+                11 => {
+                    let agent = pick(&mut rng);
+                    let link = if rng.random_bool(0.5) { LinkState::Cut } else { LinkState::RepliesLost };
+                    events.push((at, Fault::MetadataLink { agent: agent.clone(), link }));
+                    events.push((end, Fault::MetadataLink { agent, link: LinkState::Up }));
+                }
+                12 => {
+                    // Longer than a lease, so that another agent takes the partition over.
+                    let partition = rng.random_range(0..crate::workload::PARTITIONS);
+                    let end = (at + rng.random_range(3_000..=10_000)).min(phase);
+                    let slow = rng
+                        .random_bool(0.5)
+                        .then(|| std::time::Duration::from_millis(rng.random_range(1_000..=4_500)));
+                    events.push((at, Fault::CutWriterFromMetadata { partition, slow }));
+                    events.push((
+                        end,
+                        if slow.is_some() { Fault::MendAllLinks } else { Fault::MendMetadataLinks },
+                    ));
+                }
                 _ => {
                     let agent = pick(&mut rng);
                     let ms = rng.random_range(1_000..=3_600_000) * if rng.random_bool(0.5) { 1 } else { -1 };
@@ -163,6 +209,28 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
     match fault {
         Fault::Link { from, to, link } => world.net.set_link(from, to, *link),
         Fault::Isolate { agent, isolated } => world.net.isolate(agent, *isolated),
+        Fault::MetadataLink { agent, link } => world.metadata_links[agent].set(*link),
+        Fault::CutWriterFromMetadata { partition, slow } => {
+            if let Some(agent) = world.writer_of(*partition) {
+                world.metadata_links[&agent].set(LinkState::Cut);
+                for other in world.agents.iter().filter(|a| **a != agent) {
+                    if let Some(slow) = slow {
+                        world.net.set_link(&agent, other, Link::Delayed(*slow));
+                    }
+                }
+            }
+        }
+        Fault::MendMetadataLinks => {
+            for link in world.metadata_links.values() {
+                link.set(LinkState::Up);
+            }
+        }
+        Fault::MendAllLinks => {
+            apply(&Fault::MendMetadataLinks, world, sim)?;
+            for agent in &world.agents {
+                world.net.isolate(agent, false);
+            }
+        }
         Fault::Crash { agent, torn } => {
             if sim.is_host_running(agent.as_str()) {
                 world.forget(agent);
@@ -213,12 +281,13 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
     Ok(())
 }
 
-/// What heals every fault still in effect at the end of the fault phase: links mended,
+/// What heals every fault still in effect at the end of the fault phase: links (to metadata
+/// too) mended,
 /// crashed agents started again, and agents that distrust a directory after a failed fsync
 /// restarted (as an operator does when told so). Injected disk errors not yet used up stay;
 /// they are few.
 pub(crate) fn heal_all(world: &World) -> Vec<Fault> {
-    let mut heal = Vec::new();
+    let mut heal = vec![Fault::MendMetadataLinks];
     for a in &world.agents {
         heal.push(Fault::Isolate { agent: a.clone(), isolated: false });
         if disk::distrusts_any_under(std::path::Path::new(a)) {

@@ -150,6 +150,7 @@ impl Clients {
         let acked_end =
             self.acked_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&partition).copied();
         let mut why = String::from("no read was tried");
+        let mut longest: Option<Vec<Seen>> = None;
         let mut attempt = 0;
         while now() < deadline {
             let via = self.world.agents[attempt % self.world.agents.len()].clone();
@@ -159,8 +160,11 @@ impl Clients {
                     self.record(start, Op::Final { partition, log: Some(log), why: String::new() });
                     return;
                 }
-                Ok((_, hwm)) => {
-                    why = format!("{via} answered hwm {hwm}, below the acknowledged {acked_end:?}")
+                Ok((log, hwm)) => {
+                    why = format!("{via} answered hwm {hwm}, below the acknowledged {acked_end:?}");
+                    if longest.as_ref().is_none_or(|l| l.len() < log.len()) {
+                        longest = Some(log);
+                    }
                 }
                 Err(e) => why = e,
             }
@@ -168,7 +172,7 @@ impl Clients {
         }
         self.record(
             start,
-            Op::Final { partition, log: None, why: format!("not within {RECOVERY:?}: {why}") },
+            Op::Final { partition, log: longest, why: format!("not within {RECOVERY:?}: {why}") },
         );
     }
 

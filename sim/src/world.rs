@@ -1,7 +1,8 @@
 //! The simulated cluster: a metadata node and agents, each a turmoil host with a runtime of its
 //! own (a crash drops the runtime with every task on it), the agents reaching each other over a
-//! [`MemoryNetwork`], their segment files under the process's working directory with every
-//! unsynced write recorded for a power loss, and each agent's clock its own.
+//! [`MemoryNetwork`] and metadata over a [`MetadataLink`] each (a copy of its state that lags,
+//! as a remote agent's does), their segment files under the process's working directory with
+//! every unsynced write recorded for a power loss, and each agent's clock its own.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,7 +16,8 @@ use silt_agent::memory_network::MemoryNetwork;
 use silt_agent::metrics::Metrics;
 use silt_agent::{Agent, AgentConfig, ApiError};
 use silt_metadata::clock::{Clock, SystemClock};
-use silt_metadata::{Metadata, MetadataNode};
+use silt_metadata::handle::MetadataLink;
+use silt_metadata::{Metadata, MetadataClientOptions, MetadataNode, RemoteMetadata};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -58,6 +60,8 @@ pub(crate) struct World {
     running: Mutex<BTreeMap<String, Running>>,
     metadata: Mutex<Option<MetadataNode>>,
     pub(crate) clocks: BTreeMap<String, Arc<SteppedClock>>,
+    /// Each agent's link to metadata.
+    pub(crate) metadata_links: BTreeMap<String, Arc<MetadataLink>>,
     power: BTreeMap<String, Arc<PowerLoss>>,
 }
 
@@ -71,12 +75,15 @@ impl World {
         let agents: Vec<String> = (0..agents).map(|i| format!("agent-{i}")).collect();
         let clocks = agents.iter().map(|a| (a.clone(), Arc::new(SteppedClock::default()))).collect();
         let power = agents.iter().map(|a| (a.clone(), disk::record_unsynced(&format!("{a}/")))).collect();
+        let timeout = MetadataClientOptions::default().timeout;
+        let metadata_links = agents.iter().map(|a| (a.clone(), MetadataLink::new(timeout))).collect();
         Arc::new(World {
             agents,
             net: MemoryNetwork::new(),
             running: Mutex::new(BTreeMap::new()),
             metadata: Mutex::new(None),
             clocks,
+            metadata_links,
             power,
         })
     }
@@ -97,19 +104,23 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
+            let link = Arc::clone(&self.metadata_links[&id]);
+            let metadata = match RemoteMetadata::linked(node, link, CancellationToken::new()).await {
+                Ok(remote) => Metadata::Remote(remote),
+                Err(e) => {
+                    warn!(agent = %id, error = %e, "cannot reach metadata; trying again in a second");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
             let mut config = AgentConfig::new(&id, format!("sim://{id}"), PathBuf::from(&id));
             config.lease = LEASE;
             config.default_replication_factor = 3;
             config.peers = Some(self.net.peers(&id));
             config.clock = Arc::clone(&self.clocks[&id]) as Arc<dyn Clock>;
-            let started = Agent::start(
-                config,
-                Metadata::from(node),
-                Arc::new(Metrics::new()),
-                None,
-                CancellationToken::new(),
-            )
-            .await;
+            let started =
+                Agent::start(config, metadata, Arc::new(Metrics::new()), None, CancellationToken::new())
+                    .await;
             match started {
                 Ok(agent) => break agent,
                 Err(e) => {

@@ -45,6 +45,7 @@ impl Agent {
                 repair_failures: Mutex::new(HashMap::new()),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
+                lease_until: Mutex::new(None),
                 cursors: Mutex::new(HashMap::new()),
                 heartbeats: Mutex::new(HashMap::new()),
                 appended: Notify::new(),
@@ -97,6 +98,7 @@ impl Agent {
     /// wrote before gets a new epoch, so nothing an earlier process of it did can interfere.
     pub(super) async fn register(&self) -> Result<(), MetadataError> {
         let config = &self.inner.config;
+        let sent = Instant::now();
         let response = self
             .inner
             .metadata
@@ -114,6 +116,7 @@ impl Agent {
             )));
         };
         self.inner.incarnation.store(incarnation, Ordering::SeqCst);
+        self.lease_renewed(sent);
         self.inner.metrics.registrations.inc();
         info!(agent = %config.agent_id, incarnation, addr = %config.advertise_addr, "registered with metadata");
         Ok(())
@@ -134,8 +137,9 @@ impl Agent {
                 incarnation: self.inner.incarnation.load(Ordering::SeqCst),
                 now_ms: self.now_ms(),
             };
+            let sent = Instant::now();
             match self.inner.metadata.write_unobserved(cmd).await {
-                Ok(_) => {}
+                Ok(_) => self.lease_renewed(sent),
                 Err(MetadataError::LeaseLapsed { .. } | MetadataError::UnknownAgent { .. }) => {
                     warn!("this agent's lease lapsed; registering again");
                     self.supervise().await;

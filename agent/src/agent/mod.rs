@@ -361,6 +361,9 @@ struct Inner {
     instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.
     incarnation: std::sync::atomic::AtomicU64,
+    /// Until when this agent's lease certainly holds: a lease from the start of its last
+    /// registration or heartbeat that metadata took, less a margin (see [`Agent::lease_held`]).
+    lease_until: Mutex<Option<Instant>>,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
     heartbeats: Mutex<HashMap<(String, String, String), Instant>>,
     appended: Notify,
@@ -395,7 +398,29 @@ fn release(cursors: &Mutex<HashMap<CursorKey, GroupCursor>>, key: &CursorKey, of
 
 use crate::sync::lock;
 
+/// The part of a lease an agent counts on after metadata took its heartbeat: metadata's lease
+/// runs from when it applied the heartbeat, after it was sent, and the margin leaves room for
+/// the two clocks' rates to differ.
+const LEASE_COUNTED: f64 = 0.875;
+
 impl Agent {
+    /// Metadata took a registration or heartbeat of this agent sent at `sent`.
+    fn lease_renewed(&self, sent: Instant) {
+        let until = sent + self.inner.config.lease.mul_f64(LEASE_COUNTED);
+        let mut lease = lock(&self.inner.lease_until);
+        *lease = Some(lease.map_or(until, |l| l.max(until)));
+    }
+
+    /// Whether this agent's lease certainly holds. Once it may have lapsed, metadata may have
+    /// given this agent's partitions to other agents, and this agent's copy of metadata cannot
+    /// tell (it cannot reach metadata, or it is paused): it neither acknowledges nor answers
+    /// for a partition as its writer until a heartbeat gets through again, so that a client it
+    /// refuses goes to another agent rather than read an end of the partition that is no
+    /// longer the end.
+    pub(crate) fn lease_held(&self) -> bool {
+        lock(&self.inner.lease_until).is_some_and(|until| Instant::now() < until)
+    }
+
     /// The time of day, from the agent's clock.
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()

@@ -248,6 +248,13 @@ impl Agent {
     /// reconciling it with metadata on first use. A partition another agent writes is a
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
+        if !self.lease_held() {
+            return Err(ApiError::unavailable(format!(
+                "agent '{}' has not renewed its lease with metadata lately: another agent may write \
+                 {topic}/{partition} by now; retry through another agent",
+                self.id()
+            )));
+        }
         let key = PartitionKey::new(topic, partition);
         // The running writer if it matches metadata (topic id, writer, epoch: read without
         // copying the topic, this runs on every request), else the epoch to start one at.
