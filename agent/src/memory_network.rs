@@ -37,8 +37,12 @@ pub enum Link {
     Cut,
     /// They arrive and are applied; the answer is lost.
     RepliesLost,
-    /// Each request, and each answer, takes a random time up to this bound to arrive.
+    /// Each request, and each answer, takes a random time up to this bound to arrive: a later
+    /// message may overtake an earlier one (as over two connections).
     Delayed(Duration),
+    /// As `Delayed`, but in order: no message arrives before one sent earlier the same way (a
+    /// congested connection, or a sender stalled for a moment).
+    Slow(Duration),
 }
 
 /// Agents of one process, by id, and the state of the links between them. Links are directed:
@@ -49,6 +53,8 @@ pub struct MemoryNetwork {
     links: RwLock<HashMap<(String, String), Link>>,
     /// Where the delays of [`Link::Delayed`] are drawn from (a simulation's seed decides it).
     jitter: std::sync::Mutex<u64>,
+    /// When the last message over each slow link, one way, arrives.
+    arrivals: std::sync::Mutex<HashMap<(String, String), tokio::time::Instant>>,
 }
 
 impl MemoryNetwork {
@@ -95,9 +101,25 @@ impl MemoryNetwork {
         }
     }
 
-    /// How long one message over `link` takes: up to the bound of a delayed link, else none.
-    fn delay(&self, link: Link) -> Duration {
-        let Link::Delayed(max) = link else { return Duration::ZERO };
+    /// How long one message from `from` to `to` over `link` takes: up to the bound of a delayed
+    /// or slow link, and over a slow one no less than the message before it has left to go.
+    fn delay(&self, from: &str, to: &str, link: Link) -> Duration {
+        let (Link::Delayed(max) | Link::Slow(max)) = link else { return Duration::ZERO };
+        let drawn = self.draw(max);
+        if !matches!(link, Link::Slow(_)) {
+            return drawn;
+        }
+        // A millisecond (the timer's grain) after the one before at the least, so that no two
+        // arrive at once, in either order.
+        let now = tokio::time::Instant::now();
+        let mut arrivals = crate::sync::lock(&self.arrivals);
+        let last = arrivals.entry((from.to_string(), to.to_string())).or_insert(now);
+        *last = (*last + Duration::from_millis(1)).max(now + drawn);
+        *last - now
+    }
+
+    /// A random time up to `max`.
+    fn draw(&self, max: Duration) -> Duration {
         // splitmix64: the draws depend only on their order, which a simulation's seed fixes.
         let mut state = crate::sync::lock(&self.jitter);
         *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -152,7 +174,7 @@ impl MemoryPeers {
         let lost = |what: &str| ApiError::unavailable(format!("agent '{to}' did not answer: {what}"));
         let link = self.net.link(&self.me, to);
         let deadline = tokio::time::Instant::now() + timeout;
-        let there = self.net.delay(link);
+        let there = self.net.delay(&self.me, to, link);
         if !there.is_zero() {
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + there)).await;
             if tokio::time::Instant::now() >= deadline {
@@ -184,7 +206,7 @@ impl MemoryPeers {
             self.reach.reached(to, false);
             return Err(lost("its answer was lost"));
         }
-        let back = self.net.delay(link);
+        let back = self.net.delay(to, &self.me, link);
         if !back.is_zero() {
             if tokio::time::Instant::now() + back > deadline {
                 tokio::time::sleep_until(deadline).await;
@@ -223,7 +245,8 @@ impl Peer for MemoryPeers {
 
     async fn probe(&self, (to, _): (&str, &str)) -> bool {
         let link = self.net.link(&self.me, to);
-        let answered = matches!(link, Link::Up | Link::Delayed(_)) && self.net.agent(to).is_some();
+        let answered =
+            matches!(link, Link::Up | Link::Delayed(_) | Link::Slow(_)) && self.net.agent(to).is_some();
         if answered {
             self.reach.reached(to, true);
         }

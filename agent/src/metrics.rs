@@ -40,6 +40,16 @@ pub struct RepairLabels {
     pub outcome: &'static str,
 }
 
+/// Labels for heartbeats to metadata.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeartbeatLabels {
+    /// `renewed` (metadata took it and the lease counts from its sending), `unconfirmed`
+    /// (metadata took it, but this agent's copy of metadata does not show its registration
+    /// yet), `lapsed` (the lease had lapsed: the agent registers again), `failed` (an error)
+    /// or `timed_out` (no answer within a fifth of the lease).
+    pub outcome: &'static str,
+}
+
 /// Labels for one follower of a partition this agent writes.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaLabels {
@@ -78,6 +88,8 @@ pub struct Metrics {
     pub partitions_written: Gauge,
     /// Registrations with metadata (the first, and one after every lapsed lease).
     pub registrations: Counter,
+    /// Heartbeats to metadata, by outcome.
+    pub heartbeats: Family<HeartbeatLabels, Counter>,
     /// Records a follower of the open segment has not acknowledged yet.
     pub replication_lag_records: Family<ReplicaLabels, Gauge>,
     /// How long a follower's oldest unacknowledged group has waited (ms).
@@ -135,6 +147,7 @@ impl Metrics {
         let disk_free_bytes = Gauge::default();
         let disk_size_bytes = Gauge::default();
         let registrations = Counter::default();
+        let heartbeats = Family::<HeartbeatLabels, Counter>::default();
         let replication_lag_records = Family::<ReplicaLabels, Gauge>::default();
         let replication_lag_ms = Family::<ReplicaLabels, Gauge>::default();
         let replica_append_seconds = Histogram::new(exponential_buckets(0.00005, 2.0, 18));
@@ -206,6 +219,11 @@ impl Metrics {
             registrations.clone(),
         );
         registry.register(
+            "heartbeats",
+            "Heartbeats to metadata, by outcome: renewed, unconfirmed (the copy of metadata does not show the registration yet), lapsed (the agent registers again), failed, timed_out",
+            heartbeats.clone(),
+        );
+        registry.register(
             "produce_latency_seconds",
             "Produce request latency until acknowledged (after fsync)",
             produce_latency_seconds.clone(),
@@ -246,6 +264,7 @@ impl Metrics {
             disk_free_bytes,
             disk_size_bytes,
             registrations,
+            heartbeats,
             replication_lag_records,
             replication_lag_ms,
             replica_append_seconds,

@@ -38,6 +38,11 @@ impl Cluster {
     /// With `linked`, each agent reaches metadata over a link of its own (a copy of the state
     /// that lags as a remote one does, and a link the test can cut).
     async fn start_with(linked: bool) -> Cluster {
+        Cluster::start_with_lease(linked, Duration::from_secs(2)).await
+    }
+
+    /// [`start_with`](Self::start_with), the agents taking leases of `lease`.
+    async fn start_with_lease(linked: bool, lease: Duration) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let metadata = MetadataNode::open(&dir.path().join("metadata"), 1, "memory".into())
             .await
@@ -57,7 +62,7 @@ impl Cluster {
                 Metadata::from(metadata.clone())
             };
             let mut config = AgentConfig::new(&id, format!("memory-{i}"), dir.path().join(&id));
-            config.lease = Duration::from_secs(2);
+            config.lease = lease;
             config.default_replication_factor = 3;
             config.peers = Some(net.peers(&id));
             let agent = Agent::start(config, handle, Arc::new(Metrics::new()), None, cancel.child_token())
@@ -336,6 +341,103 @@ async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_i
     cluster.metadata_links[&old].set(LinkState::Up);
     check(&read_all(cluster.agent(&new)).await, &acked);
     cluster.stop().await;
+}
+
+/// An agent whose lease lapsed registers again while its copy of metadata still names it the
+/// writer of a partition that moved meanwhile: until its copy includes the registration it
+/// answers for the partition as no writer, never with the end of its own log, behind what the
+/// new writer acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_registered_again_answers_as_no_writer_until_its_copy_of_metadata_includes_the_registration()
+{
+    // A lease longer than a write waits for the copy to include it.
+    let cluster = Cluster::start_with_lease(true, Duration::from_secs(6)).await;
+    create_topic(&cluster).await;
+    let (old, _) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(cluster.agent(&old), i).await, i);
+    }
+    let registered = registrations(cluster.agent(&old));
+    // Cut off from metadata and the other agents (none fences its log), it still runs its
+    // writer while its lease lapses and another agent takes the partition over.
+    cluster.metadata_links[&old].set(LinkState::Cut);
+    for other in cluster.agents.iter().map(|a| a.id().to_string()).filter(|a| *a != old) {
+        cluster.net.set_link(&old, &other, Link::Cut);
+        cluster.net.set_link(&other, &old, Link::Cut);
+    }
+    let new = writer_other_than(&cluster, &old).await;
+    let mut last = 0;
+    for i in 10..20 {
+        let offset = produce_acked(cluster.agent(&new), i).await;
+        acked.insert(offset, i);
+        last = last.max(offset);
+    }
+    // Its writes reach metadata again, its reads do not: a heartbeat finds the lease lapsed
+    // and the agent registers again, with a copy from before the partition moved.
+    cluster.metadata_links[&old].set(LinkState::ReadsLost);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while registrations(cluster.agent(&old)) == registered {
+        assert!(Instant::now() < deadline, "{old} did not register again within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..5 {
+        match cluster.agent(&old).read(TOPIC, 0, 0, ReadLimit::new(1000, 1 << 20), false).await {
+            Ok((_, _, hwm)) => {
+                assert!(hwm > last, "{old} answered hwm {hwm}; offset {last} was acknowledged before")
+            }
+            Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
+        }
+    }
+    cluster.metadata_links[&old].set(LinkState::Up);
+    check(&read_all(cluster.agent(&new)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A heartbeat whose answer is lost does not hold up the next one: a writer whose link to
+/// metadata loses the answers for a moment keeps its lease, and keeps answering, throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_whose_answer_is_lost_does_not_keep_the_next_from_renewing_the_lease() {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (writer, _) = cluster.ensemble().await;
+    let writer_agent = cluster.agent(&writer);
+    produce_acked(writer_agent, 0).await;
+    // Right after a heartbeat renewed the lease (every 1/2 s with a 2 s lease), the answers
+    // are lost for 0.6 s: the next heartbeat takes effect but its answer is lost, the one after
+    // gets through.
+    let renewed = heartbeats(writer_agent, "renewed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while heartbeats(writer_agent, "renewed") == renewed {
+        assert!(Instant::now() < deadline, "no heartbeat of {writer} renewed its lease within 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lost_until = Instant::now() + Duration::from_millis(600);
+    cluster.metadata_links[&writer].set(LinkState::RepliesLost);
+    let watch_until = lost_until + Duration::from_secs(3);
+    while Instant::now() < watch_until {
+        if Instant::now() >= lost_until {
+            cluster.metadata_links[&writer].set(LinkState::Up);
+        }
+        if let Err(e) = cluster.agent(&writer).read(TOPIC, 0, 0, ReadLimit::new(10, 1 << 20), false).await {
+            panic!(
+                "{writer} refused a read {:?} after the answers were lost for 0.6 s: {e}",
+                Instant::now() - lost_until
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.stop().await;
+}
+
+fn heartbeats(agent: &Agent, outcome: &str) -> u64 {
+    let prefix = format!("silt_agent_heartbeats_total{{outcome=\"{outcome}\"}} ");
+    agent.metrics().encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+fn registrations(agent: &Agent) -> u64 {
+    let prefix = "silt_agent_registrations_total ";
+    agent.metrics().encode().lines().find_map(|l| l.strip_prefix(prefix)?.parse().ok()).unwrap_or(0)
 }
 
 fn repairs(agent: &Agent, outcome: &str) -> u64 {

@@ -278,9 +278,9 @@ impl Source {
         match self {
             Source::Http(client) => client.write(cmd).await,
             Source::Linked { node, link } => {
-                link.send().await?;
+                let deadline = link.send(false).await?;
                 let response = node.write(cmd).await;
-                link.answer(response).await
+                link.answer(response, false, deadline).await
             }
         }
     }
@@ -290,9 +290,9 @@ impl Source {
         match self {
             Source::Http(client) => client.read_state().await.map(|r| (r.applied_index, r.state)),
             Source::Linked { node, link } => {
-                link.send().await?;
+                let deadline = link.send(true).await?;
                 let read = node.read_state(node.request_timeout()).await.map_err(unavailable);
-                link.answer(read).await
+                link.answer(read, true, deadline).await
             }
         }
     }
@@ -307,9 +307,9 @@ impl Source {
                 other => other,
             },
             Source::Linked { node, link } => {
-                link.send().await?;
+                let deadline = link.send(true).await?;
                 let read = node.read_changes(node.request_timeout(), after).await.map_err(unavailable);
-                let (applied_index, changes) = link.answer(read).await?;
+                let (applied_index, changes) = link.answer(read, true, deadline).await?;
                 let (state, changes) = match changes {
                     Changes::Unchanged => (None, None),
                     Changes::State(state) => (Some(state), None),
@@ -346,7 +346,17 @@ pub enum LinkState {
     /// Calls arrive and take effect, but their answers are lost: each fails once the client's
     /// time is up.
     RepliesLost = 2,
+    /// Writes arrive and are answered; reads, with them every refresh of the copy, fail once
+    /// the client's time is up: the copy falls behind what this process writes, as it does
+    /// between two refreshes, for as long as the link stays so.
+    ReadsLost = 3,
+    /// Calls arrive and are answered, each [`SLOW_CALL`] later than over an `Up` link (a
+    /// metadata cluster under load, a congested network).
+    Slow = 4,
 }
+
+/// How much longer a call over a [`LinkState::Slow`] link takes, half of it each way.
+pub const SLOW_CALL: Duration = Duration::from_millis(250);
 
 /// A link from a process to a metadata node in the same process, which a simulation cuts and
 /// mends. A call that fails on it takes the whole client timeout first, as one to an
@@ -373,7 +383,9 @@ impl MetadataLink {
         match self.state.load(Ordering::SeqCst) {
             0 => LinkState::Up,
             1 => LinkState::Cut,
-            _ => LinkState::RepliesLost,
+            2 => LinkState::RepliesLost,
+            3 => LinkState::ReadsLost,
+            _ => LinkState::Slow,
         }
     }
 
@@ -384,19 +396,40 @@ impl MetadataLink {
         ))
     }
 
-    /// A call leaving: fails (after the timeout) when the link is cut.
-    async fn send(&self) -> Result<(), MetadataError> {
-        if self.state() == LinkState::Cut {
-            tokio::time::sleep(self.timeout).await;
-            return Err(self.lost());
+    /// A call leaving (a write, or a read when `read`): fails (after the timeout) when the
+    /// link does not carry it; else the deadline of the whole call.
+    async fn send(&self, read: bool) -> Result<tokio::time::Instant, MetadataError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match (self.state(), read) {
+            (LinkState::Cut, _) | (LinkState::ReadsLost, true) => {
+                tokio::time::sleep_until(deadline).await;
+                return Err(self.lost());
+            }
+            (LinkState::Slow, _) => tokio::time::sleep(SLOW_CALL / 2).await,
+            _ => {}
         }
-        Ok(())
+        Ok(deadline)
     }
 
-    /// A call's answer coming back: lost (after the timeout) unless the link is up now.
-    async fn answer<T>(&self, answer: Result<T, MetadataError>) -> Result<T, MetadataError> {
-        if self.state() != LinkState::Up {
-            tokio::time::sleep(self.timeout).await;
+    /// A call's answer coming back: lost (at the call's deadline) unless the link carries it
+    /// now and the deadline has not passed.
+    async fn answer<T>(
+        &self,
+        answer: Result<T, MetadataError>,
+        read: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<T, MetadataError> {
+        let carried = match self.state() {
+            LinkState::Up => true,
+            LinkState::Slow => {
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + SLOW_CALL / 2)).await;
+                true
+            }
+            LinkState::ReadsLost => !read,
+            LinkState::Cut | LinkState::RepliesLost => false,
+        };
+        if !carried || tokio::time::Instant::now() > deadline {
+            tokio::time::sleep_until(deadline).await;
             return Err(self.lost());
         }
         answer

@@ -98,6 +98,9 @@ impl Agent {
     /// wrote before gets a new epoch, so nothing an earlier process of it did can interfere.
     pub(super) async fn register(&self) -> Result<(), MetadataError> {
         let config = &self.inner.config;
+        // Until the copy of metadata includes this registration, and with it every partition
+        // that moved while an earlier lease of this agent lapsed, it answers as no writer.
+        *lock(&self.inner.lease_until) = None;
         let sent = Instant::now();
         let response = self
             .inner
@@ -116,21 +119,48 @@ impl Agent {
             )));
         };
         self.inner.incarnation.store(incarnation, Ordering::SeqCst);
-        self.lease_renewed(sent);
+        if !self.confirm_registration(sent).await {
+            warn!("this agent's copy of metadata does not show its registration yet; it serves as no writer until a heartbeat confirms it");
+        }
         self.inner.metrics.registrations.inc();
         info!(agent = %config.agent_id, incarnation, addr = %config.advertise_addr, "registered with metadata");
         Ok(())
     }
 
-    /// Renews the lease every third of it. If metadata lets it lapse anyway (a pause, a
+    /// Starts counting on the lease of the registration sent at `sent` once this agent's copy
+    /// of metadata includes it (a read that refreshes the copy, given a fifth of the lease);
+    /// a heartbeat that gets through later tries again. Whether the lease counts now.
+    async fn confirm_registration(&self, sent: Instant) -> bool {
+        let (me, incarnation) = (&self.inner.config.agent_id, self.inner.incarnation.load(Ordering::SeqCst));
+        let read = self.inner.metadata.read(|s| s.agents.get(me).map(|a| a.incarnation));
+        let seen = tokio::time::timeout(self.inner.config.lease / 5, read).await;
+        if !matches!(seen, Ok(Ok(Some(i))) if i == incarnation) {
+            return false;
+        }
+        let mut lease = lock(&self.inner.lease_until);
+        if lease.is_none() {
+            *lease = Some(sent);
+        }
+        drop(lease);
+        self.lease_renewed(sent);
+        true
+    }
+
+    /// Renews the lease every quarter of it. If metadata lets it lapse anyway (a pause, a
     /// partition from metadata), the agent registers again: the partitions it lost have other
     /// writers by then, and the supervisor stops its own.
     pub(super) async fn run_heartbeats(&self) {
-        let every = self.inner.config.lease / 3;
+        // Sent every quarter of the lease whatever the last one took, each given a fifth of
+        // it: after one lost or slow heartbeat the next has 3/8 of the lease to get through
+        // before the lease this agent counts on (7/8 of it from a send) runs out.
+        let every = self.inner.config.lease / 4;
+        let attempt = self.inner.config.lease / 5;
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = self.inner.cancel.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
+                _ = ticks.tick() => {}
             }
             let cmd = Command::AgentHeartbeat {
                 agent: self.inner.config.agent_id.clone(),
@@ -138,16 +168,44 @@ impl Agent {
                 now_ms: self.now_ms(),
             };
             let sent = Instant::now();
-            match self.inner.metadata.write_unobserved(cmd).await {
-                Ok(_) => self.lease_renewed(sent),
-                Err(MetadataError::LeaseLapsed { .. } | MetadataError::UnknownAgent { .. }) => {
+            let outcome = |outcome| {
+                self.inner
+                    .metrics
+                    .heartbeats
+                    .get_or_create(&crate::metrics::HeartbeatLabels { outcome })
+                    .inc();
+            };
+            match tokio::time::timeout(attempt, self.inner.metadata.write_unobserved(cmd)).await {
+                Err(_) => {
+                    outcome("timed_out");
+                    warn!(
+                        timeout_ms = attempt.as_millis() as u64,
+                        "heartbeat to metadata took too long; sending another"
+                    )
+                }
+                Ok(Ok(_)) => {
+                    let unconfirmed = lock(&self.inner.lease_until).is_none();
+                    if !unconfirmed {
+                        self.lease_renewed(sent);
+                        outcome("renewed");
+                    } else if self.confirm_registration(sent).await {
+                        outcome("renewed");
+                    } else {
+                        outcome("unconfirmed");
+                    }
+                }
+                Ok(Err(MetadataError::LeaseLapsed { .. } | MetadataError::UnknownAgent { .. })) => {
+                    outcome("lapsed");
                     warn!("this agent's lease lapsed; registering again");
                     self.supervise().await;
                     if let Err(e) = self.register().await {
                         warn!(error = %e, "registering again failed; will retry");
                     }
                 }
-                Err(e) => warn!(error = %e, "heartbeat to metadata failed; will retry"),
+                Ok(Err(e)) => {
+                    outcome("failed");
+                    warn!(error = %e, "heartbeat to metadata failed; will retry")
+                }
             }
         }
     }

@@ -362,7 +362,8 @@ struct Inner {
     /// This process's registration: `RegisterAgent` gave it this incarnation.
     incarnation: std::sync::atomic::AtomicU64,
     /// Until when this agent's lease certainly holds: a lease from the start of its last
-    /// registration or heartbeat that metadata took, less a margin (see [`Agent::lease_held`]).
+    /// registration or heartbeat that metadata took, less a margin (see [`Agent::lease_held`]);
+    /// `None` from a registration until this agent's copy of metadata includes it.
     lease_until: Mutex<Option<Instant>>,
     cursors: Mutex<HashMap<CursorKey, GroupCursor>>,
     heartbeats: Mutex<HashMap<(String, String, String), Instant>>,
@@ -404,11 +405,15 @@ use crate::sync::lock;
 const LEASE_COUNTED: f64 = 0.875;
 
 impl Agent {
-    /// Metadata took a registration or heartbeat of this agent sent at `sent`.
+    /// Metadata took a heartbeat of this agent sent at `sent` (or a registration whose effects
+    /// this agent's copy of metadata includes). Nothing is renewed while the lease is unset:
+    /// after a registration until the copy includes it (see `Agent::register`).
     fn lease_renewed(&self, sent: Instant) {
         let until = sent + self.inner.config.lease.mul_f64(LEASE_COUNTED);
         let mut lease = lock(&self.inner.lease_until);
-        *lease = Some(lease.map_or(until, |l| l.max(until)));
+        if let Some(l) = lease.as_mut() {
+            *l = (*l).max(until);
+        }
     }
 
     /// Whether this agent's lease certainly holds. Once it may have lapsed, metadata may have
@@ -419,6 +424,20 @@ impl Agent {
     /// longer the end.
     pub(crate) fn lease_held(&self) -> bool {
         lock(&self.inner.lease_until).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// [`lease_held`](Self::lease_held) as the answer to a request for `topic/partition` that
+    /// this agent would serve as its writer: checked before it starts, and again when it has
+    /// the high watermark it answers with.
+    pub(crate) fn lease_check(&self, topic: &str, partition: u32) -> Result<(), ApiError> {
+        if self.lease_held() {
+            return Ok(());
+        }
+        Err(ApiError::unavailable(format!(
+            "agent '{}' has not renewed its lease with metadata lately: another agent may write \
+             {topic}/{partition} by now; retry through another agent",
+            self.id()
+        )))
     }
 
     /// The time of day, from the agent's clock.

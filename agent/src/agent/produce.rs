@@ -6,7 +6,11 @@ impl Agent {
     /// The end of a partition, from its writer.
     pub(super) async fn high_watermark(&self, topic: &str, partition: u32) -> Result<u64, ApiError> {
         match self.target(topic, partition, false).await? {
-            Target::Local(handle) => Ok(handle.reader().high_watermark()),
+            Target::Local(handle) => {
+                let hwm = handle.reader().high_watermark();
+                self.lease_check(topic, partition)?;
+                Ok(hwm)
+            }
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 Ok(self

@@ -314,12 +314,17 @@ impl Agent {
                 }
             }
             if full {
+                let hwm = reader.high_watermark();
+                // The read may have taken a while: the end it answers is the end only if this
+                // agent still writes the partition.
+                self.lease_check(topic, partition)?;
                 self.inner.metrics.records_out.get_or_create(&labels).inc_by(page.records.len() as u64);
-                return Ok((page.records, page.next, reader.high_watermark()));
+                return Ok((page.records, page.next, hwm));
             }
             stage.set("reading the local log", page.next);
             match read_hot(Arc::clone(&reader), page.next, page.rest(&limit), None).await {
                 Ok((hot, next, hwm, bytes)) => {
+                    self.lease_check(topic, partition)?;
                     let mut records = page.records;
                     records.extend(hot);
                     self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);

@@ -248,13 +248,6 @@ impl Agent {
     /// reconciling it with metadata on first use. A partition another agent writes is a
     /// `not_writer` error naming that agent.
     pub async fn partition(&self, topic: &str, partition: u32) -> Result<PartitionHandle, ApiError> {
-        if !self.lease_held() {
-            return Err(ApiError::unavailable(format!(
-                "agent '{}' has not renewed its lease with metadata lately: another agent may write \
-                 {topic}/{partition} by now; retry through another agent",
-                self.id()
-            )));
-        }
         let key = PartitionKey::new(topic, partition);
         // The running writer if it matches metadata (topic id, writer, epoch: read without
         // copying the topic, this runs on every request), else the epoch to start one at.
@@ -283,8 +276,11 @@ impl Agent {
             Ok(Err(epoch))
         };
         match decide(self) {
-            Ok(Ok(h)) => return Ok(h),
-            Ok(Err(_)) => {}
+            Ok(Ok(h)) => {
+                self.lease_check(topic, partition)?;
+                return Ok(h);
+            }
+            Ok(Err(_)) => self.lease_check(topic, partition)?,
             // A topic this agent's copy does not know yet (created through another agent).
             Err(e) if e.code == ErrorCode::UnknownTopic => {
                 self.topic_info(topic).await?;
@@ -296,9 +292,14 @@ impl Agent {
         // Metadata may have moved on while this call waited for the lock: decide on what it
         // says now, and never replace a writer of a newer epoch with an older one.
         let epoch = match decide(self)? {
-            Ok(h) => return Ok(h),
+            Ok(h) => {
+                self.lease_check(topic, partition)?;
+                return Ok(h);
+            }
             Err(epoch) => epoch,
         };
+        // No writer starts (and recovers the open segment) on a lease that may have lapsed.
+        self.lease_check(topic, partition)?;
         let t = self.topic_local(topic)?;
         if self.inner.cancel.is_cancelled() {
             return Err(ApiError::unavailable("the agent is shutting down"));
