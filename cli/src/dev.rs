@@ -114,7 +114,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
     // listener and data directory, so that segments are replicated on N local disks.
     let agents = config.agents.clamp(1, AGENTS_MAX);
     let default_replication_factor = if agents == 1 { 1 } else { agents.min(3) };
-    let mut servers = vec![serve(ServeConfig {
+    let mut servers = vec![start(ServeConfig {
         name: "silt dev".into(),
         agent_id: "dev".into(),
         advertise_addr: addr.to_string(),
@@ -135,7 +135,7 @@ pub async fn run(config: DevConfig) -> Result<()> {
         let port =
             if config.listen.port() == 0 { 0 } else { config.listen.port().saturating_add(i as u16 - 1) };
         let (listener, agent_addr) = bind(SocketAddr::new(addr.ip(), port)).await?;
-        servers.push(serve(ServeConfig {
+        servers.push(start(ServeConfig {
             name: format!("silt dev agent {id}"),
             advertise_addr: agent_addr.to_string(),
             listener,
@@ -152,7 +152,16 @@ pub async fn run(config: DevConfig) -> Result<()> {
             peer_source_ip: None,
         }));
     }
-    let served: Result<Vec<()>> = futures::future::join_all(servers).await.into_iter().collect();
+    // Every agent of the process is registered before any says it listens, the first one
+    // ("silt dev") last: a client that starts once that line is out finds them all live.
+    let started = futures::future::try_join_all(servers).await;
+    let served: Result<Vec<()>> = match started {
+        Ok(mut started) => {
+            started.rotate_left(1);
+            futures::future::join_all(started.into_iter().map(Serving::run)).await.into_iter().collect()
+        }
+        Err(e) => Err(e),
+    };
     metadata.shutdown().await;
     drop(lock);
     served.map(|_| ())
@@ -228,7 +237,27 @@ pub(crate) fn open_archive(
 /// Serves the agent API (and the compactor) until SIGINT or SIGTERM, then drains and stops
 /// the agent. The caller owns the metadata and the data directory lock.
 pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
-    let addr = config.listener.local_addr().context("listener has no address")?;
+    start(config).await?.run().await
+}
+
+/// An agent process registered with metadata, its compactor running, that has not yet said
+/// it listens nor accepted a connection.
+pub(crate) struct Serving {
+    name: String,
+    agent_id: String,
+    listener: tokio::net::TcpListener,
+    data_dir: PathBuf,
+    url: String,
+    scope: CompactorScope,
+    agent: Agent,
+    cold: Arc<ColdReader>,
+    compactor: Option<Compactor>,
+    compactor_task: Option<tokio::task::JoinHandle<()>>,
+    stop_compactor: CancellationToken,
+}
+
+/// Starts the agent (it registers with metadata) and its compactor.
+pub(crate) async fn start(config: ServeConfig) -> Result<Serving> {
     let url = config.object_store.clone();
     let (store, store_stats, prefix) = open_archive(&url)?;
     if let Ok(spec) = std::env::var(FSYNC_FAULTS_ENV) {
@@ -293,46 +322,75 @@ pub(crate) async fn serve(config: ServeConfig) -> Result<()> {
         }
     }
 
-    // Tests and scripts read this line to find the address.
-    println!(
-        "{} listening on http://{addr} (data in {}, archive {url})",
-        config.name,
-        config.data_dir.display()
-    );
-    info!(%addr, archive = %url, agent = %config.agent_id, "serving");
-    let stop = stop_compactor.clone();
-    let serving = agent.clone();
-    let server = silt_agent::api::serve(config.listener, agent.clone(), async move {
-        shutdown_signal().await;
-        serving.stop_serving();
-        stop.cancel();
-    });
-    server.await.context("API server failed")?;
-    info!("shutting down");
-    if let Some(task) = compactor_task {
-        if let Err(e) = task.await {
-            warn!(error = %e, "the compactor task failed");
+    Ok(Serving {
+        name: config.name,
+        agent_id: config.agent_id,
+        listener: config.listener,
+        data_dir: config.data_dir,
+        url,
+        scope: config.compactor,
+        agent,
+        cold,
+        compactor,
+        compactor_task,
+        stop_compactor,
+    })
+}
+
+impl Serving {
+    /// Says where it listens, then serves until SIGINT or SIGTERM, drains and stops.
+    pub(crate) async fn run(self) -> Result<()> {
+        let Serving {
+            name,
+            agent_id,
+            listener,
+            data_dir,
+            url,
+            scope,
+            agent,
+            cold,
+            compactor,
+            compactor_task,
+            stop_compactor,
+        } = self;
+        let addr = listener.local_addr().context("listener has no address")?;
+        // Tests and scripts read this line to find the address.
+        println!("{name} listening on http://{addr} (data in {}, archive {url})", data_dir.display());
+        info!(%addr, archive = %url, agent = %agent_id, "serving");
+        let stop = stop_compactor.clone();
+        let serving = agent.clone();
+        let server = silt_agent::api::serve(listener, agent.clone(), async move {
+            shutdown_signal().await;
+            serving.stop_serving();
+            stop.cancel();
+        });
+        server.await.context("API server failed")?;
+        info!("shutting down");
+        if let Some(task) = compactor_task {
+            if let Err(e) = task.await {
+                warn!(error = %e, "the compactor task failed");
+            }
         }
-    }
-    if let Some(compactor) = compactor.filter(|_| config.compactor == CompactorScope::Held) {
-        // An agent of a cluster hands over only archived data: it seals what it wrote and
-        // archives it, so that its partitions' next writers need nothing from its disk.
-        agent.roll_all().await;
-        let left = compactor.drain(DRAIN_TIMEOUT).await;
-        if left > 0 {
-            warn!(
-                segments = left,
-                "stopping with sealed segments not archived yet; they stay on this agent's disk"
-            );
+        if let Some(compactor) = compactor.filter(|_| scope == CompactorScope::Held) {
+            // An agent of a cluster hands over only archived data: it seals what it wrote and
+            // archives it, so that its partitions' next writers need nothing from its disk.
+            agent.roll_all().await;
+            let left = compactor.drain(DRAIN_TIMEOUT).await;
+            if left > 0 {
+                warn!(
+                    segments = left,
+                    "stopping with sealed segments not archived yet; they stay on this agent's disk"
+                );
+            }
         }
+        agent.shutdown().await;
+        // The cold-read cache writes what it holds in memory to its disk tier as it closes: done
+        // here, while the runtime still runs its tasks, rather than cut off when the runtime stops.
+        if let Err(e) = cold.close().await {
+            warn!(error = %e, "closing the cold-read cache failed; it starts cold next time");
+        }
+        Ok(())
     }
-    agent.shutdown().await;
-    // The cold-read cache writes what it holds in memory to its disk tier as it closes: done
-    // here, while the runtime still runs its tasks, rather than cut off when the runtime stops.
-    if let Err(e) = cold.close().await {
-        warn!(error = %e, "closing the cold-read cache failed; it starts cold next time");
-    }
-    Ok(())
 }
 
 pub(crate) async fn shutdown_signal() {

@@ -53,6 +53,8 @@ enum Cmd {
         /// the next ones) with its own data directory (<data-dir>/agents/dev-N). With 2 or
         /// more, topics default to replication.factor min(agents, 3): each segment is written
         /// to that many local disks and a produce is acknowledged once a majority fsynced it.
+        /// Each agent prints where it listens once all of them are registered, the first one
+        /// ("silt dev listening on ...") last.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=5))]
         agents: u32,
     },

@@ -1263,23 +1263,8 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
     let topic = client.create_topic("demo", 2, &BTreeMap::new()).await.expect("create topic");
     assert_eq!(topic["config"]["replication.factor"], "3", "three agents: three replicas by default");
     assert_eq!(topic["config"]["min.insync.replicas"], "2");
-    // The agents register concurrently: a segment opened before the third one did has two
-    // members, and its writer opens it again with three on its next tick (within a second).
-    wait_for("open segments on three agents", Duration::from_secs(10), || async {
-        let described = client.describe_topic("demo").await.ok()?;
-        described["partitions"]
-            .as_array()?
-            .iter()
-            .all(|p| {
-                p["segments"].as_array().is_some_and(|s| {
-                    s.iter().any(|s| {
-                        s["state"] == "open" && s["ensemble"].as_array().is_some_and(|e| e.len() == 3)
-                    })
-                })
-            })
-            .then_some(())
-    })
-    .await;
+    // `silt dev` says it listens once all its agents are registered: the first segment of each
+    // partition has three members, and no other segment is ever opened.
     // Two requests: a follower learns that the first one's records are committed with the
     // second, and serves them from its replica.
     let mut ids = Vec::new();
@@ -1297,9 +1282,8 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
     let described = client.describe_topic("demo").await.expect("describe");
     for p in described["partitions"].as_array().expect("partitions") {
         let segments = p["segments"].as_array().expect("segments");
-        let Some(open) = segments.iter().find(|s| s["state"] == "open") else {
-            panic!("no open segment: {p}")
-        };
+        let [open] = segments.as_slice() else { panic!("one segment for each partition: {p}") };
+        assert_eq!(open["state"], "open", "{p}");
         let mut ensemble: Vec<&str> =
             open["ensemble"].as_array().expect("ensemble").iter().filter_map(|a| a.as_str()).collect();
         ensemble.sort();
@@ -1317,10 +1301,10 @@ async fn silt_dev_with_three_agents_keeps_each_segment_on_three_disks() {
             .iter()
             .find_map(|l| l.strip_prefix(&prefix).and_then(|r| r.split_whitespace().next()).map(String::from))
     };
-    wait_for("every agent listening", Duration::from_secs(20), || async {
-        ["dev", "dev-2", "dev-3"].iter().all(|a| url_of(a).is_some()).then_some(())
-    })
-    .await;
+    // "silt dev" is the last line of the three.
+    for agent in ["dev", "dev-2", "dev-3"] {
+        assert!(url_of(agent).is_some(), "{agent} said where it listens: {:?}", dev.printed());
+    }
     for part in described["partitions"].as_array().expect("partitions") {
         let writer = part["writer"].as_str().expect("writer");
         let p = part["partition"].as_u64().expect("partition") as usize;
