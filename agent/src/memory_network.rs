@@ -43,6 +43,9 @@ pub enum Link {
     /// As `Delayed`, but in order: no message arrives before one sent earlier the same way (a
     /// congested connection, or a sender stalled for a moment).
     Slow(Duration),
+    /// Each request arrives twice: once as sent, and again once the first has run, while the
+    /// sender has the first one's answer (a retry of a request that did arrive).
+    Duplicated,
 }
 
 /// Agents of one process, by id, and the state of the links between them. Links are directed:
@@ -168,11 +171,12 @@ impl MemoryPeers {
     ) -> Result<T, ApiError>
     where
         T: Send + 'static,
-        F: FnOnce(Agent) -> Fut,
+        F: FnOnce(Agent) -> Fut + Clone,
         Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
     {
         let lost = |what: &str| ApiError::unavailable(format!("agent '{to}' did not answer: {what}"));
         let link = self.net.link(&self.me, to);
+        let again = (link == Link::Duplicated).then(|| request.clone());
         let deadline = tokio::time::Instant::now() + timeout;
         let there = self.net.delay(&self.me, to, link);
         if !there.is_zero() {
@@ -186,10 +190,11 @@ impl MemoryPeers {
             self.reach.reached(to, false);
             return Err(lost("unreachable"));
         };
-        let mut task = match runtime {
+        let spawn = |request: F, agent: Agent| match &runtime {
             Some(runtime) => runtime.spawn(request(agent)),
             None => tokio::spawn(request(agent)),
         };
+        let mut task = spawn(request, agent.clone());
         let answer = match tokio::time::timeout_at(deadline, &mut task).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
@@ -202,6 +207,10 @@ impl MemoryPeers {
                 return Err(lost(&format!("no answer within {timeout:?}")));
             }
         };
+        if let Some(again) = again {
+            // Its answer goes nowhere; it runs alongside whatever the sender does next.
+            drop(spawn(again, agent));
+        }
         if link == Link::RepliesLost {
             self.reach.reached(to, false);
             return Err(lost("its answer was lost"));
@@ -245,8 +254,7 @@ impl Peer for MemoryPeers {
 
     async fn probe(&self, (to, _): (&str, &str)) -> bool {
         let link = self.net.link(&self.me, to);
-        let answered =
-            matches!(link, Link::Up | Link::Delayed(_) | Link::Slow(_)) && self.net.agent(to).is_some();
+        let answered = !matches!(link, Link::Cut | Link::RepliesLost) && self.net.agent(to).is_some();
         if answered {
             self.reach.reached(to, true);
         }

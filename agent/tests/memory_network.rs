@@ -278,6 +278,38 @@ async fn appends_applied_by_a_follower_whose_answers_are_lost_leave_no_second_re
 }
 
 /// How many ensemble repairs `agent` counted with `outcome`.
+/// Every request from the writer to its followers arrives twice, the copy once the first has
+/// run (appends, seals, the opening of the next segment): no offset holds two messages, every
+/// acknowledged message is at its offset, and the followers hold what the writer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_arrive_twice_leave_one_record_at_each_offset() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer_id, followers) = cluster.ensemble().await;
+    let writer = cluster.agent(&writer_id);
+    for f in &followers {
+        cluster.net.set_link(&writer_id, f, Link::Duplicated);
+    }
+    let mut acked = HashMap::new();
+    for i in 0..20 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    writer.roll_all().await;
+    for i in 20..40 {
+        acked.insert(produce_acked(writer, i).await, i);
+    }
+    for f in &followers {
+        cluster.net.set_link(&writer_id, f, Link::Up);
+    }
+    let writer_records = read_all(writer).await;
+    check(&writer_records, &acked);
+    for f in &followers {
+        check_held(cluster.agent(f), &writer_records).await;
+    }
+    check_after_losing_the_writer(&cluster, &acked).await;
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_and_overtaking_messages_keep_every_acknowledged_message_at_one_offset() {
     let cluster = Cluster::start().await;

@@ -121,9 +121,10 @@ impl Schedule {
             match rng.random_range(0..15) {
                 0 | 1 => {
                     let (from, to) = two(&mut rng, agents);
-                    let link = match rng.random_range(0..3) {
+                    let link = match rng.random_range(0..4) {
                         0 => Link::Cut,
                         1 => Link::RepliesLost,
+                        2 => Link::Duplicated,
                         _ => Link::Delayed(std::time::Duration::from_millis(rng.random_range(50..=6_000))),
                     };
                     let both = rng.random_bool(0.5);
