@@ -211,7 +211,9 @@ impl Compactor {
                     holder.is_none_or(|h| {
                         t.partitions.iter().any(|p| {
                             p.writer.as_deref() == Some(h)
-                                || p.segments.values().any(|seg| seg.ensemble.iter().any(|a| a == h))
+                                || p.segments
+                                    .values()
+                                    .any(|seg| seg.ensemble.iter().chain(&seg.unverified).any(|a| a == h))
                         })
                     })
                 })
@@ -243,15 +245,19 @@ impl Compactor {
         let holder = self.inner.config.holder.as_deref();
         let mut out: Vec<Candidate> = self.inner.metadata.read_local(|s| {
             // Of the agents holding a segment, the first one live on the disk it had when the
-            // segment opened archives it.
+            // segment opened archives it; with none, the first such unverified member (which
+            // may hold it: the archive is checked against the segment's count and offsets).
             let archiver = |seg: &silt_metadata::state::Segment| {
-                let intact = |(i, a): &(usize, &String)| {
-                    s.agents.get(*a).is_some_and(|info| {
+                let intact = |instances: &[String], (i, a): (usize, &String)| {
+                    s.agents.get(a).is_some_and(|info| {
                         info.is_live(s.clock_ms)
-                            && seg.instances.get(*i).is_none_or(|r| r.is_empty() || *r == info.instance)
+                            && instances.get(i).is_none_or(|r| r.is_empty() || *r == info.instance)
                     })
                 };
-                seg.ensemble.iter().enumerate().find(intact).map(|(_, a)| a).or(seg.ensemble.first()).cloned()
+                let holder = seg.ensemble.iter().enumerate().find(|m| intact(&seg.instances, *m));
+                let unverified =
+                    || seg.unverified.iter().enumerate().find(|m| intact(&seg.unverified_instances, *m));
+                holder.or_else(unverified).map(|(_, a)| a).or(seg.ensemble.first()).cloned()
             };
             s.topics
                 .values()

@@ -74,6 +74,7 @@ async fn seal_first_segment(m: &MetadataNode, count: u64) {
     .await
     .expect("open");
     m.write(Command::SealSegment {
+        unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
         topic_id: None,

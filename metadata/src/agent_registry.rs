@@ -760,6 +760,7 @@ mod tests {
         let b = register(&mut s, "b", 500);
         heartbeat(&mut s, "b", b, 1001);
         let r = s.apply(&Command::SealSegment {
+            unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
             topic_id: None,
@@ -815,6 +816,7 @@ mod tests {
         heartbeat.stamp_clock(1_000);
         assert_eq!(heartbeat, Command::AgentHeartbeat { agent: "a".into(), incarnation: 1, now_ms: 1_000 });
         let mut seal = Command::SealSegment {
+            unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
             topic_id: None,

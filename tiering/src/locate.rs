@@ -98,6 +98,8 @@ mod tests {
 
     fn segment(base: u64, last: Option<u64>, state: SegmentState, max_ts: Option<i64>) -> Segment {
         Segment {
+            unverified: Vec::new(),
+            unverified_instances: Vec::new(),
             base_offset: base,
             last_offset: last,
             state,

@@ -243,9 +243,7 @@ impl Agent {
                 let located = self.with_partition(topic, partition, |part| {
                     let location = locate(part, next);
                     let ensemble = match &location {
-                        Location::Hot { base_offset } => {
-                            part.segments.get(base_offset).map(|s| s.ensemble.clone())
-                        }
+                        Location::Hot { base_offset } => part.segments.get(base_offset).map(holders_first),
                         _ => None,
                     };
                     (location, ensemble)
@@ -268,7 +266,12 @@ impl Agent {
                             self.inner.metadata.read(|_| ()).await?;
                             continue;
                         }
-                        Err(e) => return Err(e),
+                        Err(e) if page.records.is_empty() => return Err(e),
+                        // What the page has is answered; the next read starts where it failed.
+                        Err(_) => {
+                            full = true;
+                            continue;
+                        }
                     };
                     if got.is_empty() {
                         break;
@@ -369,9 +372,7 @@ impl Agent {
         let mut next = records.last().map_or(base_offset, |r| r.offset + 1);
         if next <= last_offset {
             let ensemble = self
-                .with_partition(topic, partition, |p| {
-                    p.segments.get(&base_offset).map(|s| s.ensemble.clone())
-                })
+                .with_partition(topic, partition, |p| p.segments.get(&base_offset).map(holders_first))
                 .flatten()
                 .unwrap_or_default();
             let me = self.inner.config.agent_id.clone();
@@ -479,8 +480,8 @@ impl Agent {
     }
 
     /// Reads offsets of a segment that is neither archived nor in this agent's writer log:
-    /// from this agent's retired log if it holds the segment, else from an agent of its
-    /// ensemble.
+    /// from this agent's retired log if it holds the segment, else from the first agent of
+    /// `ensemble` that has them (an unverified member may hold less than the segment).
     pub(super) async fn read_elsewhere(
         &self,
         topic: &str,
@@ -501,6 +502,7 @@ impl Agent {
             "offset {offset} of {topic}/{partition} is held by agent(s) {} and none answered",
             ensemble.join(", ")
         ));
+        let mut empty = false;
         for agent in ensemble.iter().filter(|a| *a != me) {
             let Some(addr) = self.inner.metadata.read_local(|s| s.agents.get(agent).map(|a| a.addr.clone()))
             else {
@@ -508,9 +510,13 @@ impl Agent {
             };
             self.count_forwarded("read");
             match self.inner.peers.read_held((agent, &addr), topic, partition, offset, limit).await {
-                Ok(page) => return Ok(page.records),
+                Ok(page) if !page.records.is_empty() => return Ok(page.records),
+                Ok(_) => empty = true,
                 Err(e) => last = e,
             }
+        }
+        if empty {
+            return Ok(Vec::new());
         }
         Err(last)
     }
@@ -597,6 +603,12 @@ impl Agent {
             .await
             .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??)
     }
+}
+
+/// Who may hold a segment not archived yet, in the order to ask: its holders, then the members
+/// that did not answer the recovery that sealed it (see `Segment::unverified`).
+fn holders_first(segment: &silt_metadata::state::Segment) -> Vec<String> {
+    segment.ensemble.iter().chain(&segment.unverified).cloned().collect()
 }
 
 #[cfg(test)]

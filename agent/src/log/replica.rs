@@ -287,6 +287,8 @@ mod tests {
             p.segments.insert(
                 *base,
                 silt_metadata::state::Segment {
+                    unverified: Vec::new(),
+                    unverified_instances: Vec::new(),
                     base_offset: *base,
                     last_offset: *last,
                     state: *state,

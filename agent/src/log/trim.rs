@@ -65,6 +65,8 @@ mod tests {
 
     fn segment(base: u64, last: Option<u64>, state: SegmentState, epoch: u64) -> Segment {
         Segment {
+            unverified: Vec::new(),
+            unverified_instances: Vec::new(),
             base_offset: base,
             last_offset: last,
             state,

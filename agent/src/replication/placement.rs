@@ -269,6 +269,7 @@ mod tests {
             apply(
                 s,
                 Command::SealSegment {
+                    unverified: Vec::new(),
                     replicas: None,
                     topic,
                     topic_id,

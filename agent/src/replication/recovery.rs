@@ -101,15 +101,26 @@ pub(crate) fn enough_holders(
     end == base || holders >= write_quorum.min(answered)
 }
 
-/// The members of `ensemble` that hold the whole sealed range `[base, end)` after a recovery:
-/// those that answered with `end` already, and those the longest tail was copied to. `None`
-/// when that is every member (the seal keeps the ensemble as it is); otherwise exactly those,
-/// in the ensemble's order, so that a member that did not answer (and may hold less, or
-/// nothing) is never named as a holder: reads are not sent to it, and repair copies the
-/// segment to new members until it is back to its replication factor.
-pub(crate) fn sealed_holders(ensemble: &[String], holding_end: &[String]) -> Option<Vec<String>> {
+/// Who a seal after a recovery names, of `ensemble`: the holders of the whole sealed range
+/// (those that answered with its end, and those the longest tail was copied to), `None` when
+/// that is every member (the seal keeps the ensemble as it is); and the unverified members,
+/// those that neither hold it nor are known to have lost their disk (`lost`). A member that did
+/// not answer (and may hold less, or nothing) is never named a holder, so reads go to it only
+/// when no holder answers, and repair copies the segment to new members until it is back to
+/// its replication factor; but it stays named: it may hold acknowledged offsets that the
+/// holders' disks lose before repair has copied them.
+pub(crate) fn sealed_members(
+    ensemble: &[String],
+    holding_end: &[String],
+    lost: &[String],
+) -> (Option<Vec<String>>, Vec<String>) {
     let holders: Vec<String> = ensemble.iter().filter(|m| holding_end.contains(m)).cloned().collect();
-    (holders.len() < ensemble.len() && !holders.is_empty()).then_some(holders)
+    if holders.is_empty() || holders.len() == ensemble.len() {
+        return (None, Vec::new());
+    }
+    let unverified =
+        ensemble.iter().filter(|m| !holding_end.contains(m) && !lost.contains(m)).cloned().collect();
+    (Some(holders), unverified)
 }
 
 #[cfg(test)]
@@ -258,26 +269,50 @@ mod tests {
     }
 
     #[test]
-    fn only_the_members_that_hold_the_sealed_end_are_named() {
+    fn only_the_members_that_hold_the_sealed_end_are_named_holders_and_the_silent_ones_unverified() {
         let ensemble = names(&["a", "b", "c"]);
-        assert_eq!(sealed_holders(&ensemble, &names(&["c", "a", "b"])), None, "every member");
+        let none: &[String] = &[];
         assert_eq!(
-            sealed_holders(&ensemble, &names(&["c", "a"])),
-            Some(names(&["a", "c"])),
-            "b did not answer"
+            sealed_members(&ensemble, &names(&["c", "a", "b"]), none),
+            (None, Vec::new()),
+            "every member"
         );
         assert_eq!(
-            sealed_holders(&ensemble, &names(&["b", "x"])),
-            Some(names(&["b"])),
+            sealed_members(&ensemble, &names(&["c", "a"]), none),
+            (Some(names(&["a", "c"])), names(&["b"])),
+            "b did not answer: it may hold the segment"
+        );
+        assert_eq!(
+            sealed_members(&ensemble, &names(&["c"]), &names(&["b"])),
+            (Some(names(&["c"])), names(&["a"])),
+            "b lost its disk: it holds nothing"
+        );
+        assert_eq!(
+            sealed_members(&ensemble, &names(&["b", "x"]), none),
+            (Some(names(&["b"])), names(&["a", "c"])),
             "not a member: ignored"
         );
-        assert_eq!(sealed_holders(&ensemble, &[]), None, "nobody: nothing to name (an empty seal)");
+        assert_eq!(sealed_members(&ensemble, &[], none), (None, Vec::new()), "nobody: an empty seal");
+        // A shrunk ensemble sealed by one member: the other is named, though it did not answer.
+        assert_eq!(
+            sealed_members(&names(&["a", "b"]), &names(&["a"]), none),
+            (Some(names(&["a"])), names(&["b"]))
+        );
         for r in 1..=5usize {
             let ensemble: Vec<String> = (0..r).map(|i| format!("m{i}")).collect();
             for holding in 1..=r {
-                let got = sealed_holders(&ensemble, &ensemble[r - holding..]);
-                let want = (holding < r).then(|| ensemble[r - holding..].to_vec());
-                assert_eq!(got, want, "R={r}, {holding} holding");
+                for lost in 0..=(r - holding) {
+                    let (holders, unverified) =
+                        sealed_members(&ensemble, &ensemble[r - holding..], &ensemble[..lost]);
+                    let want = (holding < r).then(|| ensemble[r - holding..].to_vec());
+                    assert_eq!(holders, want, "R={r}, {holding} holding");
+                    // Every member is a holder, unverified, or known to hold nothing.
+                    let named = holders.as_ref().map_or(r, Vec::len) + unverified.len() + lost;
+                    assert_eq!(named, r, "R={r}, {holding} holding, {lost} lost");
+                    assert!(unverified
+                        .iter()
+                        .all(|m| !ensemble[r - holding..].contains(m) && !ensemble[..lost].contains(m)));
+                }
             }
         }
     }

@@ -82,6 +82,10 @@ pub enum Command {
         /// that left the ensemble midway holds only part of it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         replicas: Option<Vec<String>>,
+        /// Members of the ensemble, not among `replicas`, that did not answer the recovery
+        /// sealing the segment: they may hold it (see `Segment::unverified`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unverified: Vec<String>,
         /// Topic name.
         topic: String,
         /// If set, the command is refused unless the topic has this id.
@@ -113,7 +117,8 @@ pub enum Command {
         open: Box<Command>,
     },
     /// Ensemble repair: agent `with` now holds a full copy of a sealed segment that has fewer
-    /// members than the topic's replication factor (sealed after a follower left midway).
+    /// members than the topic's replication factor (sealed after a follower left midway), or
+    /// an unverified member of it showed it holds the whole segment.
     AddReplica {
         /// Topic name.
         topic: String,

@@ -155,6 +155,16 @@ pub struct Segment {
     /// (empty if unknown): a member whose instance changed since lost its replica.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<String>,
+    /// Members of the open segment that did not answer the recovery that sealed it: each may
+    /// hold all of the sealed range, a prefix of it, or nothing. None is a holder (in
+    /// `ensemble`) until it shows it holds the whole range (`Command::AddReplica`); reads and
+    /// the archiver turn to them when no holder answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<String>,
+    /// The data-directory instance of each unverified member when the segment was opened
+    /// (empty if unknown): one whose instance changed since holds nothing of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified_instances: Vec<String>,
     /// Bytes on disk (known once sealed).
     pub size_bytes: u64,
     /// Records in the segment (known once sealed).
@@ -291,6 +301,7 @@ impl MetadataState {
                 min_timestamp_ms,
                 max_timestamp_ms,
                 replicas,
+                unverified,
                 now_ms,
             } => self.seal_segment(
                 topic,
@@ -303,6 +314,7 @@ impl MetadataState {
                 *min_timestamp_ms,
                 *max_timestamp_ms,
                 replicas.as_deref(),
+                unverified,
                 *now_ms,
             ),
             Command::RollSegment { seal, open } => self.roll_segment(seal, open),

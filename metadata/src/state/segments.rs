@@ -69,6 +69,7 @@ impl MetadataState {
         min_timestamp_ms: Option<i64>,
         max_timestamp_ms: Option<i64>,
         replicas: Option<&[String]>,
+        unverified: &[String],
         now_ms: u64,
     ) -> Result<Response, MetadataError> {
         self.check_topic_id(topic, topic_id)?;
@@ -89,6 +90,17 @@ impl MetadataState {
             }
             return Ok(Response::Ok);
         }
+        if !unverified.is_empty() {
+            let keep = replicas.unwrap_or_default();
+            let named = |a: &String| segment.ensemble.contains(a) && !keep.contains(a);
+            if replicas.is_none() || !unverified.iter().all(named) {
+                return Err(MetadataError::InvalidArgument(format!(
+                    "the unverified members of segment {base_offset} must be members of its ensemble {:?} \
+                     other than its replicas {keep:?}",
+                    segment.ensemble
+                )));
+            }
+        }
         if let Some(keep) = replicas {
             // The writer names the members that hold the whole segment: a follower
             // that left the ensemble midway holds only part of it.
@@ -98,6 +110,14 @@ impl MetadataState {
                     segment.ensemble
                 )));
             }
+            let instance_of = |a: &String| {
+                segment.ensemble.iter().position(|m| m == a).and_then(|i| segment.instances.get(i))
+            };
+            let unverified_instances: Vec<String> =
+                unverified.iter().map(|a| instance_of(a).cloned().unwrap_or_default()).collect();
+            segment.unverified_instances =
+                if segment.instances.is_empty() { Vec::new() } else { unverified_instances };
+            segment.unverified = unverified.to_vec();
             let kept: Vec<(String, String)> = segment
                 .ensemble
                 .iter()
@@ -203,6 +223,13 @@ impl MetadataState {
         if let Some(slot) = seg.instances.get_mut(i) {
             *slot = instance.to_string();
         }
+        // A copy from a holder replaces whatever it held unverified.
+        if let Some(u) = seg.unverified.iter().position(|a| a == with) {
+            seg.unverified.remove(u);
+            if u < seg.unverified_instances.len() {
+                seg.unverified_instances.remove(u);
+            }
+        }
         Ok(Response::Ok)
     }
 
@@ -218,6 +245,19 @@ impl MetadataState {
     ) -> Result<Response, MetadataError> {
         let wanted = self.topics.get(topic).map_or(0, |t| t.config.replication_factor as usize);
         let seg = self.sealed_segment_for_new_member(topic, topic_id, partition, base_offset, with)?;
+        if let Some(u) = seg.unverified.iter().position(|a| a == with) {
+            // An unverified member that holds the whole segment now (it showed it did, or a
+            // repair copied it there, onto whatever disk it has) is a holder again.
+            seg.unverified.remove(u);
+            if u < seg.unverified_instances.len() {
+                seg.unverified_instances.remove(u);
+            }
+            if seg.instances.len() == seg.ensemble.len() && !seg.instances.is_empty() {
+                seg.instances.push(instance.to_string());
+            }
+            seg.ensemble.push(with.to_string());
+            return Ok(Response::Ok);
+        }
         if seg.ensemble.len() >= wanted {
             return Err(MetadataError::InvalidArgument(format!(
                 "segment {base_offset} of {topic}/{partition} already has {} members (replication.factor={wanted})",
@@ -269,6 +309,9 @@ impl MetadataState {
         segment.object_key = Some(object_key.to_string());
         segment.object_bytes = object_bytes;
         segment.archived_ms = Some(now_ms);
+        // The archive holds it now; no local copy is waited for.
+        segment.unverified.clear();
+        segment.unverified_instances.clear();
         Ok(Response::Ok)
     }
 
@@ -372,6 +415,8 @@ impl MetadataState {
         p.segments.insert(
             base_offset,
             Segment {
+                unverified: Vec::new(),
+                unverified_instances: Vec::new(),
                 base_offset,
                 last_offset: Some(last_offset),
                 state: SegmentState::Archived,
@@ -427,6 +472,8 @@ fn new_open_segment(
     now_ms: u64,
 ) -> Segment {
     Segment {
+        unverified: Vec::new(),
+        unverified_instances: Vec::new(),
         base_offset,
         last_offset: None,
         state: SegmentState::Open,

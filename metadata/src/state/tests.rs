@@ -19,6 +19,8 @@ fn join(state: &mut MetadataState, member: &str, now_ms: u64) -> Response {
 #[test]
 fn offsets_are_archived_when_one_archived_segment_holds_them_or_retention_deleted_them() {
     let segment = |base: u64, last: Option<u64>, state: SegmentState| Segment {
+        unverified: Vec::new(),
+        unverified_instances: Vec::new(),
         base_offset: base,
         last_offset: last,
         state,
@@ -113,6 +115,7 @@ fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
     assert_eq!(s.apply(&open(Some(s.topics["t"].id))), Response::Ok);
     let before = s.clone();
     let seal = Command::SealSegment {
+        unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
         topic_id: Some(old_id),
@@ -165,6 +168,10 @@ fn create_and_delete_topic() {
 
 /// Partition 0 of topic "t" (created with `config`) with writer "a" and an open segment at
 /// offset 0 on "a", "b" and "c" (instances "ia", "ib", "ic").
+fn names(n: &[&str]) -> Vec<String> {
+    n.iter().map(|s| s.to_string()).collect()
+}
+
 fn open_on_three(config: &[(&str, &str)]) -> MetadataState {
     let mut s = MetadataState::default();
     s.apply(&Command::CreateTopic {
@@ -192,8 +199,14 @@ fn open_on_three(config: &[(&str, &str)]) -> MetadataState {
 
 /// Seals the segment `open_on_three` opened with 10 records held whole by `replicas`.
 fn seal_held_by(replicas: &[&str]) -> Command {
+    seal_unverified(replicas, &[])
+}
+
+/// `seal_held_by`, with the members a recovery did not hear from.
+fn seal_unverified(replicas: &[&str], unverified: &[&str]) -> Command {
     Command::SealSegment {
         replicas: Some(replicas.iter().map(|r| r.to_string()).collect()),
+        unverified: unverified.iter().map(|r| r.to_string()).collect(),
         topic: "t".into(),
         topic_id: None,
         partition: 0,
@@ -272,6 +285,7 @@ fn an_empty_open_segment_rolled_to_a_new_ensemble_is_replaced_in_place() {
     // Retention dropped the archived segment: the open one is all the chain holds.
     s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
     let empty_at = |base_offset: u64| Command::SealSegment {
+        unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
         topic_id: None,
@@ -315,6 +329,7 @@ fn a_chain_emptied_by_a_seal_of_no_records_keeps_where_the_log_ends() {
     // Retention dropped the archived segment; a clean stop then closes the empty open one.
     s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
     let close = Command::SealSegment {
+        unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
         topic_id: None,
@@ -357,6 +372,68 @@ fn a_seal_keeps_only_the_replicas_that_hold_the_whole_segment() {
     assert_eq!(seg.ensemble, ["a", "c"]);
     assert_eq!(seg.instances, ["ia", "ic"], "instances follow their members");
     assert_eq!(seg.state, SegmentState::Sealed);
+}
+
+#[test]
+fn a_seal_names_the_members_a_recovery_did_not_hear_from_until_one_shows_it_holds_the_segment() {
+    let mut s = open_on_three(&[("replication.factor", "3")]);
+    let id = s.topics["t"].id;
+    let before = s.clone();
+    for (refused, why) in [
+        (seal_unverified(&["a"], &["x"]), "not a member"),
+        (seal_unverified(&["a", "b"], &["b"]), "a holder"),
+    ] {
+        assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
+    }
+    let mut all_hold = seal_held_by(&["a"]);
+    if let Command::SealSegment { replicas, unverified, .. } = &mut all_hold {
+        *replicas = None;
+        *unverified = vec!["b".into()];
+    }
+    assert!(matches!(s.apply(&all_hold), Response::Error { .. }), "every member holds it: none unverified");
+    assert_eq!(s, before, "a refused seal changes nothing");
+    // a answered and holds it; b did not answer; c lost its disk.
+    assert_eq!(s.apply(&seal_unverified(&["a"], &["b"])), Response::Ok);
+    let seg = &s.topics["t"].partitions[0].segments[&0];
+    assert_eq!(
+        (seg.ensemble.clone(), seg.instances.clone()),
+        (vec!["a".to_string()], vec!["ia".to_string()])
+    );
+    assert_eq!(seg.unverified, ["b"]);
+    assert_eq!(seg.unverified_instances, ["ib"], "its instance when the segment opened");
+    let add = |with: &str, instance: &str| Command::AddReplica {
+        topic: "t".into(),
+        topic_id: id,
+        partition: 0,
+        base_offset: 0,
+        with: with.into(),
+        instance: instance.into(),
+    };
+    // b holds the whole segment now (a repair copied it onto its new disk): a holder again,
+    // on that disk, though the replication factor is reached with it.
+    let mut promoted = s.clone();
+    assert_eq!(promoted.apply(&add("b", "ib-new")), Response::Ok);
+    let seg = &promoted.topics["t"].partitions[0].segments[&0];
+    assert_eq!((seg.ensemble.clone(), seg.instances.clone()), (names(&["a", "b"]), names(&["ia", "ib-new"])));
+    assert!(seg.unverified.is_empty() && seg.unverified_instances.is_empty());
+    // Or it showed it holds it on the disk it had.
+    assert_eq!(s.apply(&add("b", "ib")), Response::Ok);
+    let seg = &s.topics["t"].partitions[0].segments[&0];
+    assert_eq!(seg.ensemble, ["a", "b"]);
+    assert_eq!(seg.instances, ["ia", "ib"]);
+    assert!(seg.unverified.is_empty() && seg.unverified_instances.is_empty());
+    let before = s.clone();
+    assert!(matches!(s.apply(&add("b", "ib")), Response::Error { .. }), "a holder already");
+    assert_eq!(s, before);
+}
+
+#[test]
+fn a_seal_from_before_unverified_members_reads_as_naming_none() {
+    let json = serde_json::to_value(seal_held_by(&["a"])).expect("to json");
+    assert!(json.to_string().find("unverified").is_none(), "not written when empty: {json}");
+    let old: Command = serde_json::from_value(json).expect("an older seal decodes");
+    let Command::SealSegment { unverified, .. } = old else { panic!("{old:?}") };
+    assert!(unverified.is_empty());
 }
 
 #[test]
@@ -421,6 +498,7 @@ fn segments_follow_epochs_and_offsets() {
     };
     let seal = |s: &mut MetadataState, epoch, base, count| {
         s.apply(&Command::SealSegment {
+            unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
             topic_id: None,
@@ -624,6 +702,7 @@ fn archive_delete_and_restore_segments() {
         assert_eq!(s.apply(&open), Response::Ok);
         if count > 0 {
             let seal = Command::SealSegment {
+                unverified: Vec::new(),
                 replicas: None,
                 topic: "t".into(),
                 topic_id: None,

@@ -174,6 +174,9 @@ struct SealedSummary {
     max_timestamp_ms: Option<i64>,
     /// The members holding the whole segment, when a follower left the ensemble midway.
     replicas: Option<Vec<String>>,
+    /// Members that did not answer the recovery sealing the segment (see
+    /// `Segment::unverified`).
+    unverified: Vec<String>,
 }
 
 impl SealedSummary {
@@ -185,6 +188,7 @@ impl SealedSummary {
             min_timestamp_ms: s.min_timestamp_ms(),
             max_timestamp_ms: s.max_timestamp_ms(),
             replicas: None,
+            unverified: Vec::new(),
         }
     }
 
@@ -578,6 +582,7 @@ mod tests {
             min_timestamp_ms: None,
             max_timestamp_ms: None,
             replicas: None,
+            unverified: Vec::new(),
         };
         let e = Ensemble::start(&peers, "t", 0, target.clone(), Vec::new(), 3, 1);
         assert_eq!(summary.clone().held_by("w", Some(&e)).await.replicas, Some(vec!["w".to_string()]));

@@ -56,8 +56,9 @@ impl PartitionWriter {
     /// tail to every replica that answered with less, and seals the segment there by a
     /// compare-and-set on the epoch. Every acknowledged batch is on W replicas, so on one of
     /// those that answered: the seal never drops one. The seal names as holders exactly the
-    /// members that hold the sealed range (`recovery::sealed_holders`); one that did not
-    /// answer is no longer a holder, and repair copies the segment to others.
+    /// members that hold the sealed range (`recovery::sealed_members`); one that did not
+    /// answer is no longer a holder, and repair copies the segment to others, but it stays
+    /// named as unverified: reads turn to it when no holder answers.
     pub(super) async fn recover(&mut self, open: &Segment) -> Result<(), StoreError> {
         let me = self.config.agent_id.clone();
         let (topic, partition, base) = (self.config.topic.clone(), self.config.partition, open.base_offset);
@@ -176,6 +177,7 @@ impl PartitionWriter {
                     min_timestamp_ms: None,
                     max_timestamp_ms: None,
                     replicas: None,
+                    unverified: Vec::new(),
                 };
                 self.metadata.write(self.seal_command(&empty)).await?;
                 return Ok(());
@@ -208,14 +210,24 @@ impl PartitionWriter {
                  min.insync.replicas is {w}; retrying"
             )));
         }
+        // Members that did not answer, or that a copy failed to reach, are not holders; they
+        // stay named as unverified: one may hold what no holder will once a disk is lost.
+        let (replicas, unverified) = crate::replication::recovery::sealed_members(members, &holding, &lost);
+        if !unverified.is_empty() {
+            warn!(
+                base_offset = base,
+                unverified = %unverified.join(", "),
+                "sealing the open segment without hearing from every member; those are asked again when no holder answers"
+            );
+        }
         let summary = SealedSummary {
             base_offset: base,
             record_count: end - base,
             size_bytes: best.size_bytes,
             min_timestamp_ms: best.min_timestamp_ms,
             max_timestamp_ms: best.max_timestamp_ms,
-            // Members that did not answer, or that a copy failed to reach, are not holders.
-            replicas: crate::replication::recovery::sealed_holders(members, &holding),
+            replicas,
+            unverified,
         };
         self.metadata.write(self.seal_command(&summary)).await?;
         info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");

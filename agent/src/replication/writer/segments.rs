@@ -175,6 +175,7 @@ impl PartitionWriter {
             min_timestamp_ms: s.min_timestamp_ms,
             max_timestamp_ms: s.max_timestamp_ms,
             replicas: s.replicas.clone(),
+            unverified: s.unverified.clone(),
             now_ms: self.config.clock.now_ms(),
         }
     }
