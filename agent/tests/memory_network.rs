@@ -389,14 +389,7 @@ async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_i
     }
     // Every answer the old writer gives from now on is either a refusal or at least as new as
     // the last acknowledgement: never a stale end of the partition.
-    for _ in 0..5 {
-        match cluster.agent(&old).read(TOPIC, 0, 0, ReadLimit::new(1000, 1 << 20), false).await {
-            Ok((_, _, hwm)) => {
-                assert!(hwm > last, "{old} answered hwm {hwm}; offset {last} was acknowledged before")
-            }
-            Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
-        }
-    }
+    assert_no_stale_end(cluster.agent(&old), last).await;
     // A produce through it is refused, or acknowledged at an offset after the new writer's.
     if let Ok(ids) = cluster.agent(&old).produce(TOPIC, vec![message(20)]).await {
         assert!(offset(&ids[0]) > last, "{old} acknowledged at {}, not after {last}", offset(&ids[0]));
@@ -445,14 +438,7 @@ async fn an_agent_registered_again_answers_as_no_writer_until_its_copy_of_metada
         assert!(Instant::now() < deadline, "{old} did not register again within 30 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for _ in 0..5 {
-        match cluster.agent(&old).read(TOPIC, 0, 0, ReadLimit::new(1000, 1 << 20), false).await {
-            Ok((_, _, hwm)) => {
-                assert!(hwm > last, "{old} answered hwm {hwm}; offset {last} was acknowledged before")
-            }
-            Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
-        }
-    }
+    assert_no_stale_end(cluster.agent(&old), last).await;
     cluster.metadata_links[&old].set(LinkState::Up);
     check(&read_all(cluster.agent(&new)).await, &acked);
     cluster.stop().await;
@@ -574,6 +560,19 @@ async fn read_until_refused(agent: &Agent) -> (Vec<Record>, Option<ApiError>) {
                 offset = next;
             }
             Err(e) => return (records, Some(e)),
+        }
+    }
+}
+
+/// Every answer `old` gives to reads of the partition is a refusal (`unavailable`) or at least
+/// as new as offset `last`, acknowledged before: never a stale end of the partition.
+async fn assert_no_stale_end(old: &Agent, last: u64) {
+    for _ in 0..5 {
+        match old.read(TOPIC, 0, 0, ReadLimit::new(1000, 1 << 20), false).await {
+            Ok((_, _, hwm)) => {
+                assert!(hwm > last, "{} answered hwm {hwm}; offset {last} was acknowledged before", old.id())
+            }
+            Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
         }
     }
 }
