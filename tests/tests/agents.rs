@@ -529,8 +529,8 @@ async fn a_compactor_process_archives_what_the_agents_write() {
         .unwrap_or_else(|| panic!("no records_archived in\n{metrics}"));
     assert_eq!(archived as usize, produced.len());
     // The objects are in the shared bucket, and both agents read them back identically.
-    let files = walk(&tmp.path().join("objects"));
-    assert!(files.iter().filter(|f| f.ends_with(".parquet")).count() >= 2, "{files:?}");
+    let files = silt_tests::files_under(&tmp.path().join("objects"));
+    assert!(files.iter().filter(|f| f.extension().is_some_and(|e| e == "parquet")).count() >= 2, "{files:?}");
     for p in 0..2 {
         let via1 = read_all(&a1.client(), "clicks", p).await;
         assert_eq!(via1, read_all(&a2.client(), "clicks", p).await);
@@ -538,19 +538,6 @@ async fn a_compactor_process_archives_what_the_agents_write() {
             assert_eq!(via1[offset_of(id).1 as usize].1, *value, "{id}");
         }
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path.display().to_string());
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -581,6 +581,54 @@ async fn a_rebuild_restores_topic_configs_refuses_to_drop_unarchived_data_and_ne
     assert_eq!(offsets, want);
 }
 
+/// A replay whose page runs from one archived object into another that cannot be read answers
+/// the records it read, ending where it stopped; the replay that starts at the unreadable
+/// object is refused with the reason, and nothing is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_answers_what_it_read_before_an_archived_object_it_cannot_read() {
+    let mut dev = SiltDev::start();
+    let client = dev.client();
+    let config = topic_config(&[("segment.ms", "200"), ("local.retention.ms", "0"), ("retention.ms", "-1")]);
+    client.create_topic("two", 1, &config).await.expect("create");
+    // One request each, so one segment and one object each.
+    assert_eq!(produce_to(&client, "two", 20, now_ms()).await, (0..20).collect::<Vec<u64>>());
+    wait_archived(&client, "two", 20).await;
+    assert_eq!(produce_to(&client, "two", 20, now_ms()).await, (20..40).collect::<Vec<u64>>());
+    wait_archived(&client, "two", 40).await;
+    wait_for("local copies to be dropped", Duration::from_secs(60), || {
+        let n = local_log_files(dev.data_dir());
+        async move { (n <= 1).then_some(()) }
+    })
+    .await;
+    let objects = client.archive_list("two").await.expect("archive ls");
+    let second = objects
+        .iter()
+        .find(|o| o["base_offset"] == 20)
+        .and_then(|o| o["object_key"].as_str())
+        .unwrap_or_else(|| panic!("an object from offset 20: {objects:?}"))
+        .to_string();
+    dev.stop();
+    // The second object is gone from the bucket, and nothing is cached.
+    let file = silt_tests::files_under(&dev.data_dir().join("objects"))
+        .into_iter()
+        .find(|f| f.to_string_lossy().ends_with(&second))
+        .unwrap_or_else(|| panic!("{second} in the bucket"));
+    std::fs::remove_file(&file).expect("remove the object");
+    let _ = std::fs::remove_dir_all(dev.data_dir().join("cache"));
+    dev.restart();
+    let client = dev.client();
+
+    let page = client.replay("two", 0, Some(0), None, 100).await.expect("a replay from 0");
+    assert_eq!(page.messages.iter().map(|m| m.offset).collect::<Vec<u64>>(), (0..20).collect::<Vec<u64>>());
+    assert_eq!(page.next_offset, 20, "the next replay starts where this one stopped");
+    match client.replay("two", 0, Some(20), None, 100).await {
+        Err(silt::client::ClientError::Api { status: 503, message, .. }) => {
+            assert!(message.contains("reading archived data"), "{message}")
+        }
+        other => panic!("a replay of the unreadable object: {other:?}"),
+    }
+}
+
 /// Eight replays at once from offset 0 of a freshly restored archive, round after round (the
 /// agent restarted each time, so nothing is decoded yet), each round under a deadline: the
 /// readers meet each other's readahead in the decoded cache all the time, which once froze a

@@ -294,10 +294,17 @@ impl Agent {
                         )
                         .await;
                         stage.set("reading archived data", next);
-                        let got = cold
-                            .read_limited(&object_key, object_bytes, next, rest)
-                            .await
-                            .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                        let got = match cold.read_limited(&object_key, object_bytes, next, rest).await {
+                            Ok(got) => got,
+                            Err(e) if page.records.is_empty() => {
+                                return Err(ApiError::unavailable(format!("reading archived data: {e}")))
+                            }
+                            // What the page has is answered; the next read starts where it failed.
+                            Err(_) => {
+                                full = true;
+                                continue;
+                            }
+                        };
                         if got.is_empty() && !rest.at_least_one {
                             // No room for its next record: the page ends here.
                             full = true;

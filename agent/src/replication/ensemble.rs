@@ -218,6 +218,11 @@ impl Ensemble {
         self.followers.len() + 1
     }
 
+    /// The followers it streams to, those that left included.
+    pub fn followers(&self) -> impl Iterator<Item = &str> {
+        self.followers.iter().map(|f| f.agent.as_str())
+    }
+
     /// Members metadata records for the segment, the writer included (more than
     /// [`size`](Self::size) when the writer's copy of metadata named fewer followers).
     pub fn recorded(&self) -> usize {

@@ -90,6 +90,12 @@ impl MetadataState {
             }
             return Ok(Response::Ok);
         }
+        let twice = |names: &[String]| names.iter().enumerate().any(|(i, a)| names[..i].contains(a));
+        if twice(unverified) || replicas.is_some_and(twice) {
+            return Err(MetadataError::InvalidArgument(format!(
+                "segment {base_offset}: a seal names a member twice (replicas {replicas:?}, unverified {unverified:?})"
+            )));
+        }
         if !unverified.is_empty() {
             let keep = replicas.unwrap_or_default();
             let named = |a: &String| segment.ensemble.contains(a) && !keep.contains(a);

@@ -382,6 +382,8 @@ fn a_seal_names_the_members_a_recovery_did_not_hear_from_until_one_shows_it_hold
     for (refused, why) in [
         (seal_unverified(&["a"], &["x"]), "not a member"),
         (seal_unverified(&["a", "b"], &["b"]), "a holder"),
+        (seal_unverified(&["a"], &["b", "b"]), "named twice"),
+        (seal_unverified(&["a", "a"], &["b"]), "a holder named twice"),
     ] {
         assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
     }

@@ -193,13 +193,17 @@ impl SealedSummary {
     }
 
     /// With the members of `ensemble` (if any) that hold the whole segment, when some do not
-    /// (a follower left midway, or is still behind: it is given a moment to catch up).
+    /// (a follower left midway, or is still behind: it is given a moment to catch up). The
+    /// followers that did not catch up are named unverified: each may hold acknowledged
+    /// records the others lose with their disks, as it may have been part of their quorum.
     async fn held_by(mut self, me: &str, ensemble: Option<&Ensemble>) -> Self {
         if let Some(e) = ensemble {
             let end = self.base_offset + self.record_count;
-            let followers = e.settle(end, SETTLE_AT_SEAL).await;
-            if followers.len() + 1 < e.recorded() {
-                self.replicas = Some(std::iter::once(me.to_string()).chain(followers).collect());
+            let settled = e.settle(end, SETTLE_AT_SEAL).await;
+            if settled.len() + 1 < e.recorded() {
+                self.unverified =
+                    e.followers().filter(|f| !settled.iter().any(|s| s == f)).map(String::from).collect();
+                self.replicas = Some(std::iter::once(me.to_string()).chain(settled).collect());
             }
         }
         self
@@ -569,13 +573,9 @@ impl PartitionWriter {
 mod tests {
     use super::*;
 
-    /// A seal names only the members that hold the segment whole: the writer alone when it
-    /// streamed to none of the followers metadata recorded (its copy of metadata named none).
-    #[tokio::test]
-    async fn a_seal_names_the_writer_alone_when_it_streamed_to_no_recorded_follower() {
-        let peers: Peers = Arc::new(crate::transport::HttpPeers::new("w"));
-        let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
-        let summary = SealedSummary {
+    /// A segment of 10 records from offset 0, before `held_by`.
+    fn ten_records() -> SealedSummary {
+        SealedSummary {
             base_offset: 0,
             record_count: 10,
             size_bytes: 100,
@@ -583,10 +583,38 @@ mod tests {
             max_timestamp_ms: None,
             replicas: None,
             unverified: Vec::new(),
-        };
+        }
+    }
+
+    /// A seal names only the members that hold the segment whole: the writer alone when it
+    /// streamed to none of the followers metadata recorded (its copy of metadata named none).
+    #[tokio::test]
+    async fn a_seal_names_the_writer_alone_when_it_streamed_to_no_recorded_follower() {
+        let peers: Peers = Arc::new(crate::transport::HttpPeers::new("w"));
+        let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
+        let summary = ten_records();
         let e = Ensemble::start(&peers, "t", 0, target.clone(), Vec::new(), 3, 1);
         assert_eq!(summary.clone().held_by("w", Some(&e)).await.replicas, Some(vec!["w".to_string()]));
         let e = Ensemble::start(&peers, "t", 0, target, Vec::new(), 1, 1);
         assert_eq!(summary.held_by("w", Some(&e)).await.replicas, None, "R=1: the writer holds it whole");
+    }
+
+    /// A follower that has not acknowledged the whole segment when it is sealed may still hold
+    /// acknowledged records (it was part of their quorum): the seal names it unverified rather
+    /// than forget it, so reads turn to it if the holders lose their disks.
+    #[tokio::test(start_paused = true)]
+    async fn a_seal_names_the_followers_that_did_not_catch_up_unverified() {
+        let peers: Peers = Arc::new(crate::transport::HttpPeers::new("w"));
+        let target = ReplicaTarget { topic_id: 1, epoch: 2, segment: 0, segment_epoch: 2 };
+        let summary = ten_records();
+        // Nothing was streamed: neither follower acknowledged the segment's records.
+        let followers = vec![
+            ("f1".to_string(), "127.0.0.1:9".to_string()),
+            ("f2".to_string(), "127.0.0.1:9".to_string()),
+        ];
+        let e = Ensemble::start(&peers, "t", 0, target, followers, 3, 2);
+        let sealed = summary.held_by("w", Some(&e)).await;
+        assert_eq!(sealed.replicas, Some(vec!["w".to_string()]));
+        assert_eq!(sealed.unverified, ["f1", "f2"]);
     }
 }
