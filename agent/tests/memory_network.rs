@@ -654,3 +654,101 @@ async fn a_probe_clears_the_mark_of_an_agent_that_answers_again_and_makes_none()
     assert!(!observer.is_unreachable("agent-0"), "answered, yet still marked");
     cluster.stop().await;
 }
+
+/// A follower whose disk fails under the partition (every fsync fails) is left out of the
+/// segments the writer opens next for a while, rather than chosen again for each one, which
+/// would seal a segment for every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_disk_failed_under_the_partition_is_left_out_of_new_segments() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer, followers) = cluster.ensemble().await;
+    let failing = followers[0].clone();
+    let _fault = silt_agent::log::disk::inject_fsync_errors(&format!("{failing}/log/"), 0, u32::MAX);
+    let mut acked = HashMap::new();
+    for i in 0..30 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    let ensembles: Vec<Vec<String>> = cluster
+        .metadata
+        .read(|s| s.topics[TOPIC].partitions[0].segments.values().map(|seg| seg.ensemble.clone()).collect())
+        .await
+        .expect("metadata read");
+    // The segment the fault hit, and one without the follower.
+    assert!(ensembles.len() <= 2, "a segment for every few writes: {ensembles:?}");
+    let open = ensembles.last().expect("an open segment");
+    assert!(!open.contains(&failing), "{failing} is in the open segment: {ensembles:?}");
+    assert_eq!(open.len(), 2, "the writer and the other follower: {ensembles:?}");
+    check(&read_all(cluster.agent(&writer)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A writer whose own write fails after its followers took the group (the disk is full) ends,
+/// and the writer that starts after it recovers the segment under a new epoch rather than
+/// continue it under the old one: otherwise a follower's copy of the failed group and a later,
+/// acknowledged one could sit at the same offsets under the same epoch, and a recovery would
+/// take either for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_own_write_failed_is_followed_by_one_under_a_new_epoch() {
+    let cluster = Cluster::start().await;
+    create_topic(&cluster).await;
+    let (writer, followers) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..5 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    let epoch = || async {
+        cluster.metadata.read(|s| s.topics[TOPIC].partitions[0].epoch).await.expect("metadata read")
+    };
+    let before = epoch().await;
+    let full = silt_agent::log::disk::inject_write_errors(
+        silt_agent::log::disk::FaultKind::NoSpace,
+        &format!("{writer}/log/"),
+        0,
+        1,
+    );
+    let refused = cluster.agent(&writer).produce(TOPIC, vec![message(5)]).await;
+    assert!(refused.is_err(), "a write the writer's disk refused was acknowledged: {refused:?}");
+    assert_eq!(full.failed(), 1, "the write was not refused: this is not the case under test");
+    for i in 6..12 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    let after = epoch().await;
+    assert!(after > before, "the partition is still at epoch {before} after its writer's write failed");
+    let records = read_all(cluster.agent(&writer)).await;
+    check(&records, &acked);
+    assert!(records.iter().filter(|r| r.value.as_deref() == Some(&b"message 5"[..])).count() <= 1);
+    for f in &followers {
+        check_held(cluster.agent(f), &records).await;
+    }
+    cluster.stop().await;
+}
+
+/// A writer that lost its write quorum answers no read with its end of the partition from then
+/// on, though its lease still holds: a newer writer may be acknowledging past that end already
+/// (here the old one cannot even tell metadata it gives the partition up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_lost_its_write_quorum_answers_no_read_with_its_end() {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (writer, followers) = cluster.ensemble().await;
+    for i in 0..5 {
+        produce_acked(cluster.agent(&writer), i).await;
+    }
+    let w = cluster.agent(&writer);
+    // Its lease holds (it was renewed a moment ago) while the writer loses its quorum.
+    w.read(TOPIC, 0, 0, ReadLimit::new(10, 1 << 20), false).await.expect("a read before the cut");
+    cluster.metadata_links[&writer].set(LinkState::Cut);
+    for f in &followers {
+        cluster.net.set_link(&writer, f, Link::Cut);
+        cluster.net.set_link(f, &writer, Link::Cut);
+    }
+    let lost = w.produce(TOPIC, vec![message(5)]).await;
+    assert!(lost.is_err(), "acknowledged without a quorum: {lost:?}");
+    match w.read(TOPIC, 0, 0, ReadLimit::new(10, 1 << 20), false).await {
+        Err(e) => assert_eq!(e.code, silt_agent::error::ErrorCode::Unavailable, "{e}"),
+        Ok((_, _, hwm)) => panic!("{writer} answered with its end {hwm} after losing its write quorum"),
+    }
+    cluster.metadata_links[&writer].set(LinkState::Up);
+    cluster.stop().await;
+}

@@ -56,16 +56,26 @@ impl SegmentSource for AgentsOverHttp {
         base_offset: u64,
         last_offset: u64,
     ) -> Result<Vec<Record>, String> {
-        // The agents holding the segment (its ensemble), live ones first; the partition's
-        // writer last (it passes reads of segments it does not hold on).
+        // The agents holding the segment (its ensemble), live ones first, then its unverified
+        // members; the partition's writer last (it passes reads of segments it does not hold on).
         let sources: Vec<(String, String)> = self.metadata.read_local(|s| {
             let now = s.clock_ms;
             let Some(p) = s.topics.get(topic).and_then(|t| t.partitions.get(partition as usize)) else {
                 return Vec::new();
             };
+            let segment = p.segments.get(&base_offset);
+            let live_first = |agents: &mut Vec<&String>| {
+                agents.sort_by_key(|a| !s.agents.get(*a).is_some_and(|i| i.is_live(now)));
+            };
             let mut holders: Vec<&String> =
-                p.segments.get(&base_offset).map(|seg| seg.ensemble.iter().collect()).unwrap_or_default();
-            holders.sort_by_key(|a| !s.agents.get(*a).is_some_and(|i| i.is_live(now)));
+                segment.map(|seg| seg.ensemble.iter().collect()).unwrap_or_default();
+            live_first(&mut holders);
+            // Then the members a recovery did not hear from (`Segment::unverified`): when no
+            // holder has it, one of them may (a copy short of the segment is refused below).
+            let mut unverified: Vec<&String> =
+                segment.map(|seg| seg.unverified.iter().collect()).unwrap_or_default();
+            live_first(&mut unverified);
+            holders.extend(unverified);
             let mut out: Vec<(String, String)> = holders
                 .into_iter()
                 .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))

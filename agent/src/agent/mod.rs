@@ -440,6 +440,22 @@ impl Agent {
         )))
     }
 
+    /// Whether an end of the partition read from `handle` may be answered now: its writer
+    /// has not lost its write quorum since, and this agent's lease holds.
+    pub(crate) fn end_check(
+        &self,
+        handle: &PartitionHandle,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), ApiError> {
+        if handle.ended() {
+            return Err(ApiError::unavailable(format!(
+                "the writer of {topic}/{partition} lost its write quorum; the partition is recovered under a new epoch, retry"
+            )));
+        }
+        self.lease_check(topic, partition)
+    }
+
     /// The time of day, from the agent's clock.
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()

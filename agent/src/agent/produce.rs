@@ -8,7 +8,7 @@ impl Agent {
         match self.target(topic, partition, false).await? {
             Target::Local(handle) => {
                 let hwm = handle.reader().high_watermark();
-                self.lease_check(topic, partition)?;
+                self.end_check(&handle, topic, partition)?;
                 Ok(hwm)
             }
             remote => {

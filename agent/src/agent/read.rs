@@ -214,8 +214,8 @@ impl Agent {
     ) -> Result<(Vec<Record>, u64, u64), ApiError> {
         let limit = ReadLimit { records: limit.records.max(1), ..limit };
         stage.set("finding the partition's writer", offset);
-        let reader = match self.target(topic, partition, forwarded).await? {
-            Target::Local(handle) => Arc::clone(handle.reader()),
+        let (reader, handle) = match self.target(topic, partition, forwarded).await? {
+            Target::Local(handle) => (Arc::clone(handle.reader()), handle),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 self.count_forwarded("read");
@@ -327,14 +327,14 @@ impl Agent {
                 let hwm = reader.high_watermark();
                 // The read may have taken a while: the end it answers is the end only if this
                 // agent still writes the partition.
-                self.lease_check(topic, partition)?;
+                self.end_check(&handle, topic, partition)?;
                 self.inner.metrics.records_out.get_or_create(&labels).inc_by(page.records.len() as u64);
                 return Ok((page.records, page.next, hwm));
             }
             stage.set("reading the local log", page.next);
             match read_hot(Arc::clone(&reader), page.next, page.rest(&limit), None).await {
                 Ok((hot, next, hwm, bytes)) => {
-                    self.lease_check(topic, partition)?;
+                    self.end_check(&handle, topic, partition)?;
                     let mut records = page.records;
                     records.extend(hot);
                     self.inner.metrics.records_out.get_or_create(&labels).inc_by(records.len() as u64);

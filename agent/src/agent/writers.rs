@@ -268,6 +268,9 @@ impl Agent {
                 .filter(|r| r.topic_id == topic_id && r.epoch == epoch)
                 .map(|r| r.handle.clone());
             if let Some(h) = running {
+                // One that lost its write quorum answers nothing: a newer writer may have
+                // acknowledged past its log's end already.
+                agent.end_check(&h, topic, partition)?;
                 return Ok(Ok(h));
             }
             if writer.as_deref() != Some(agent.inner.config.agent_id.as_str()) {

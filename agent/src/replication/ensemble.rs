@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
-use crate::error::StoreError;
+use crate::error::{ErrorCode, StoreError};
 use crate::log::replica::join_batches;
 use crate::transport::{Peers, ReplicaTarget};
 
@@ -44,6 +44,10 @@ struct Follower {
 
 struct FollowerState {
     failed: AtomicBool,
+    /// It answered an append with a failure of its disk: 1 for a failed write or fsync
+    /// (`storage_error`), 2 when it opens no log of the partition until its process restarts
+    /// (`disk_failed`).
+    disk_failed: std::sync::atomic::AtomicU8,
     /// One past the last offset it has acknowledged.
     acked: AtomicU64,
     /// When the oldest group it has not acknowledged was sent (ms since `epoch`), 0 if none.
@@ -123,6 +127,7 @@ impl Ensemble {
                 let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE_GROUPS);
                 let state = Arc::new(FollowerState {
                     failed: AtomicBool::new(false),
+                    disk_failed: std::sync::atomic::AtomicU8::new(0),
                     acked: AtomicU64::new(base),
                     oldest_pending_ms: AtomicU64::new(0),
                     changed: Arc::clone(&changed),
@@ -248,6 +253,16 @@ impl Ensemble {
         self.followers.iter().filter(|f| caught_up(f)).map(|f| f.agent.clone()).collect()
     }
 
+    /// The followers that left after their disk failed an append, each with whether it opens
+    /// no log of the partition until it restarts (`disk_failed`, rather than one failed write
+    /// or fsync).
+    pub fn disk_failed(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.followers.iter().filter_map(|f| match f.state.disk_failed.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some((f.agent.as_str(), n > 1)),
+        })
+    }
+
     /// Whether a follower left the ensemble (the writer rolls to a new segment).
     pub fn degraded(&self) -> bool {
         self.followers.iter().any(|f| f.state.failed.load(Ordering::Relaxed))
@@ -313,7 +328,15 @@ impl Link {
             let outcome = match r {
                 Ok(end) if end == job.end => Ok(()),
                 Ok(end) => Err(format!("holds the segment up to offset {end}, expected {}", job.end)),
-                Err(e) => Err(e.message),
+                Err(e) => {
+                    let disk = match e.code {
+                        ErrorCode::DiskFailed => 2,
+                        ErrorCode::StorageError => 1,
+                        _ => 0,
+                    };
+                    self.state.disk_failed.fetch_max(disk, Ordering::Relaxed);
+                    Err(e.message)
+                }
             };
             match outcome {
                 Ok(()) => {

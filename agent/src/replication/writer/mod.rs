@@ -13,6 +13,7 @@
 mod recover;
 mod segments;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +48,11 @@ const FAILED_WRITER_RESTART_AFTER: Duration = Duration::from_secs(5);
 /// How long a seal waits for followers that are behind before it leaves them out of the
 /// segment's replicas.
 const SETTLE_AT_SEAL: Duration = Duration::from_secs(2);
+/// How long a writer leaves out of new segments a follower that opens no log of the
+/// partition until it restarts (`disk_failed`), if it does not register again first.
+const DISK_FAILED_AVOID: Duration = Duration::from_secs(300);
+/// And one whose write or fsync failed (`storage_error`: a full or failing disk).
+const STORAGE_ERROR_AVOID: Duration = Duration::from_secs(30);
 
 /// What a writer needs to know about its partition.
 #[derive(Debug, Clone)]
@@ -101,6 +107,9 @@ pub struct PartitionHandle {
     reader: Arc<PartitionReader>,
     epoch: u64,
     lag: Arc<std::sync::Mutex<Vec<FollowerLag>>>,
+    /// Set once the writer lost its write quorum: another writer may acknowledge past this
+    /// log's end any moment, so nothing is answered as this partition's end from here.
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for AppendRequest {
@@ -141,6 +150,12 @@ impl PartitionHandle {
         self.epoch
     }
 
+    /// Whether the writer lost its write quorum (it is ending, and the partition is recovered
+    /// under a new epoch): its log's end is no longer the partition's.
+    pub fn ended(&self) -> bool {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// How far each follower of the open segment is behind, as of the writer's last tick.
     pub fn follower_lag(&self) -> Vec<FollowerLag> {
         crate::sync::lock(&self.lag).clone()
@@ -162,7 +177,14 @@ struct PartitionWriter {
     ensemble: Option<Ensemble>,
     /// The write quorum was lost: the writer ends at once under a new epoch.
     quorum_lost: bool,
+    /// Shared with the handle: see [`PartitionHandle::ended`].
+    ended: Arc<std::sync::atomic::AtomicBool>,
     lag: Arc<std::sync::Mutex<Vec<FollowerLag>>>,
+    /// Followers whose disk failed an append of this partition, with their incarnation then
+    /// and until when they are left out: no new segment is opened on them until then, or
+    /// until they register again (a restart). Each would fail the first append of every
+    /// segment and make the writer roll again, a segment per write.
+    disk_failed: HashMap<String, (u64, Instant)>,
 }
 
 #[derive(Debug, Clone)]
@@ -235,7 +257,9 @@ pub async fn start(
         peers,
         ensemble: None,
         quorum_lost: false,
+        ended: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         lag: Arc::clone(&lag),
+        disk_failed: HashMap::new(),
     };
     writer.reconcile().await?;
     let (tx, rx) = mpsc::channel(GROUP_APPENDS_MAX);
@@ -247,6 +271,7 @@ pub async fn start(
         reader,
         epoch,
         lag,
+        ended: Arc::clone(&writer.ended),
     };
     let span = info_span!("partition_writer", topic = %writer.config.topic, partition = writer.config.partition, epoch);
     let task = tokio::spawn(writer.run(rx, control_rx, cancel).instrument(span));
@@ -411,7 +436,7 @@ impl PartitionWriter {
                 Err(e @ StoreError::NotEnoughReplicas(_)) => {
                     error!(error = %e, "lost the write quorum; this writer ends and the partition is recovered under a new epoch");
                     self.failed.get_or_insert_with(|| e.to_string());
-                    self.quorum_lost = true;
+                    self.lose_quorum();
                     for (reply, _permit) in replies {
                         let _ = reply.send(Err(StoreError::NotEnoughReplicas(e.to_string())));
                     }
@@ -466,6 +491,13 @@ impl PartitionWriter {
         }
         self.log().publish();
         Ok(())
+    }
+
+    /// Marks the write quorum lost: the writer ends at the next turn of its loop, and its
+    /// handle answers for the partition no more at once (see [`PartitionHandle::ended`]).
+    fn lose_quorum(&mut self) {
+        self.quorum_lost = true;
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// After the write quorum was lost: takes a new epoch for this agent (so that nothing the

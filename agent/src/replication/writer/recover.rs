@@ -34,6 +34,21 @@ impl PartitionWriter {
                     partition,
                 })
             })?;
+        if let Some(open) = meta.open_segment().filter(|open| open.epoch >= epoch) {
+            // A writer of this epoch ended here without sealing its segment (a write of its
+            // own failed): its followers may hold a group this log does not, at the same
+            // offsets under the same epoch. Recovered and continued under that epoch, a
+            // segment opened at one of those offsets would be taken for theirs, and what
+            // they hold for what was acknowledged. The segment is recovered under a new epoch.
+            let base_offset = open.base_offset;
+            warn!(
+                base_offset,
+                epoch,
+                "the open segment was written under this writer's epoch; taking a new one to recover it"
+            );
+            self.abandon().await;
+            return Err(StoreError::Fenced { topic, partition, epoch, fence: epoch + 1 });
+        }
         let chain = meta.clone();
         self.on_log("trim", move |log| trim_to_metadata(log, &chain, epoch).map(|_| ())).await?;
         if let Some(open) = meta.open_segment().cloned() {

@@ -102,8 +102,9 @@ impl PartitionWriter {
             let replaced = open.ensemble.iter().zip(&open.instances).any(|(a, recorded)| {
                 s.agents.get(a).is_some_and(|i| !recorded.is_empty() && i.instance != *recorded)
             });
-            // Live, and not known to be out of this agent's reach.
-            let usable = |a: &str| a == me || !self.peers.is_unreachable(a);
+            // Live, not known to be out of this agent's reach, and not known to have no disk
+            // for the partition.
+            let usable = |a: &str| a == me || (!self.peers.is_unreachable(a) && !self.disk_failed_at(s, a));
             let live_members = open
                 .ensemble
                 .iter()
@@ -117,19 +118,51 @@ impl PartitionWriter {
         })
     }
 
+    /// Records the followers of the open segment that answered that their disk failed under
+    /// this partition (see `PartitionWriter::disk_failed`).
+    pub(super) fn note_disk_failures(&mut self) {
+        let now = Instant::now();
+        self.disk_failed.retain(|_, (_, until)| *until > now);
+        let Some(e) = &self.ensemble else { return };
+        let failed: Vec<(String, bool)> = e
+            .disk_failed()
+            .filter(|(a, _)| !self.disk_failed.contains_key(*a))
+            .map(|(a, distrusted)| (a.to_string(), distrusted))
+            .collect();
+        for (agent, distrusted) in failed {
+            let incarnation = self.metadata.read_local(|s| s.agents.get(&agent).map(|i| i.incarnation));
+            let Some(incarnation) = incarnation else { continue };
+            let avoid = if distrusted { DISK_FAILED_AVOID } else { STORAGE_ERROR_AVOID };
+            warn!(follower = %agent, incarnation, avoid_s = avoid.as_secs(),
+                "a follower's disk failed an append of this partition; new segments leave it out for a while, or until it restarts");
+            self.disk_failed.insert(agent, (incarnation, now + avoid));
+        }
+    }
+
+    /// Whether `agent`'s disk failed an append of this partition lately, in the incarnation
+    /// `s` shows.
+    pub(super) fn disk_failed_at(&self, s: &silt_metadata::MetadataState, agent: &str) -> bool {
+        self.disk_failed.get(agent).is_some_and(|(incarnation, until)| {
+            *until > Instant::now() && s.agents.get(agent).is_some_and(|i| i.incarnation == *incarnation)
+        })
+    }
+
     /// This agent first, then R - 1 live agents that are members of the fewest open
     /// segments, leaving out those that did not answer this agent lately
-    /// ([`Peer::is_unreachable`](crate::transport::Peer::is_unreachable)). Fewer than W is an error: nothing could be acknowledged.
+    /// ([`Peer::is_unreachable`](crate::transport::Peer::is_unreachable)) and those whose disk
+    /// failed under this partition. Fewer than W is an error: nothing could be acknowledged.
     pub(super) fn choose_ensemble(&self) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let me = self.config.agent_id.as_str();
         let (r, w) = (self.config.replication_factor().max(1), self.config.write_quorum().max(1));
-        let (chosen, instances, live, unreachable) = self.metadata.read_local(|s| {
-            let (reachable, unreachable): (Vec<String>, Vec<String>) = s
+        let (chosen, instances, live, unreachable, disk_failed) = self.metadata.read_local(|s| {
+            let (failed, others): (Vec<String>, Vec<String>) = s
                 .live_agents()
                 .filter(|a| a.id != me)
                 .map(|a| a.id.clone())
-                .partition(|a| !self.peers.is_unreachable(a));
-            let live = reachable.len() + 1;
+                .partition(|a| self.disk_failed_at(s, a));
+            let (reachable, unreachable): (Vec<String>, Vec<String>) =
+                others.into_iter().partition(|a| !self.peers.is_unreachable(a));
+            let live = reachable.len() + 1 + failed.len();
             let open = s
                 .topics
                 .values()
@@ -141,14 +174,19 @@ impl PartitionWriter {
                 .iter()
                 .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
                 .collect();
-            (chosen, instances, live + unreachable.len(), unreachable)
+            (chosen, instances, live + unreachable.len(), unreachable, failed)
         });
         if chosen.len() < w {
-            let cut_off = if unreachable.is_empty() {
-                String::new()
-            } else {
-                format!(", and {} did not answer this agent lately", unreachable.join(", "))
-            };
+            let mut cut_off = String::new();
+            if !unreachable.is_empty() {
+                cut_off += &format!(", and {} did not answer this agent lately", unreachable.join(", "));
+            }
+            if !disk_failed.is_empty() {
+                cut_off += &format!(
+                    ", and the disk of {} failed under this partition (until it restarts)",
+                    disk_failed.join(", ")
+                );
+            }
             return Err(StoreError::NotEnoughReplicas(format!(
                 "replication.factor {r} with min.insync.replicas {w} needs at least {w} live agents to open a segment; {live} are live{cut_off}"
             )));
@@ -199,6 +237,7 @@ impl PartitionWriter {
         let old = self
             .first_append_at
             .is_some_and(|t| t.elapsed() >= Duration::from_millis(self.config.topic_config.segment_ms));
+        self.note_disk_failures();
         let degraded = self.ensemble.as_ref().is_some_and(|e| {
             // A follower left, or lost its disk (it registered from another data directory),
             // or the segment opened with fewer replicas than replication.factor and more
@@ -290,8 +329,20 @@ impl PartitionWriter {
         }
     }
 
+    /// After metadata refused a pending seal's unverified members (the followers this writer
+    /// streamed to came from a copy of metadata that had not caught up with the segment's
+    /// ensemble): the next attempt seals without naming any. Returns the refusal.
+    fn seal_without_unverified(&mut self, reason: String) -> StoreError {
+        warn!(%reason, "metadata refused the followers a seal named unverified; sealing without them");
+        if let Some(pending) = self.roll_pending.as_mut() {
+            pending.unverified.clear();
+        }
+        silt_metadata::MetadataError::InvalidArgument(reason).into()
+    }
+
     /// Seals the active segment on disk and records the seal and the new segment in metadata.
     pub(super) async fn roll(&mut self) {
+        self.note_disk_failures();
         let summary = SealedSummary::of(self.log().active())
             .held_by(&self.config.agent_id, self.ensemble.as_ref())
             .await;
@@ -369,6 +420,11 @@ impl PartitionWriter {
                 {
                     false
                 }
+                Err(silt_metadata::MetadataError::InvalidArgument(reason))
+                    if !summary.unverified.is_empty() =>
+                {
+                    return Err(self.seal_without_unverified(reason));
+                }
                 Err(e) => return Err(e.into()),
             };
             if rolled {
@@ -387,6 +443,9 @@ impl PartitionWriter {
             Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
                 return Err(self.fenced(expected, actual));
             }
+            Err(silt_metadata::MetadataError::InvalidArgument(reason)) if !summary.unverified.is_empty() => {
+                return Err(self.seal_without_unverified(reason));
+            }
             Err(e) => return Err(e.into()),
         }
         if let Err(e) = self.open_segment().await {
@@ -395,7 +454,7 @@ impl PartitionWriter {
                 // lost its quorum, and the agent starts it again (handing the partition over
                 // if it is this agent that cannot reach the others).
                 self.failed.get_or_insert_with(|| e.to_string());
-                self.quorum_lost = true;
+                self.lose_quorum();
             }
             return Err(e);
         }
