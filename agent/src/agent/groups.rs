@@ -240,7 +240,16 @@ impl Agent {
             if rest.is_spent() {
                 break;
             }
-            let handle = self.partition(&req.topic, p).await?;
+            let handle = match self.partition(&req.topic, p).await {
+                Ok(handle) => handle,
+                // Its writer here ended since the partitions were chosen: what this poll took
+                // from others is answered, and this one is polled again next time.
+                Err(e) if !out.is_empty() => {
+                    warn!(topic = %req.topic, partition = p, error = %e.message, "a partition left this poll");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let reader = Arc::clone(handle.reader());
             let key: CursorKey = (req.group.clone(), req.topic.clone(), p);
             // Phase 1: under the lock, decide redeliveries and dead letters.

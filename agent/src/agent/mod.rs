@@ -452,7 +452,7 @@ impl Agent {
         let serve_anyway = crate::sim_bugs::on(crate::sim_bugs::Bug::ServePastWatermark);
         if handle.ended() && !serve_anyway {
             return Err(ApiError::unavailable(format!(
-                "the writer of {topic}/{partition} lost its write quorum; the partition is recovered under a new epoch, retry"
+                "the writer of {topic}/{partition} on this agent ended (it lost its write quorum, was fenced or stopped); retry"
             )));
         }
         self.lease_check(topic, partition)

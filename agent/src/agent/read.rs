@@ -580,8 +580,8 @@ impl Agent {
         timestamp_ms: i64,
         forwarded: bool,
     ) -> Result<u64, ApiError> {
-        let reader = match self.target(topic, partition, forwarded).await? {
-            Target::Local(handle) => Arc::clone(handle.reader()),
+        let (reader, handle) = match self.target(topic, partition, forwarded).await? {
+            Target::Local(handle) => (Arc::clone(handle.reader()), handle),
             remote => {
                 let peer = remote.peer().unwrap_or_default();
                 return self.inner.peers.offset_for_time(peer, topic, partition, timestamp_ms).await;
@@ -606,9 +606,12 @@ impl Agent {
                 }
             }
         }
-        Ok(silt_metadata::runtime::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
+        let offset = silt_metadata::runtime::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
             .await
-            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??)
+            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
+        // With no record that late, the answer is the log's end: this writer's to give only.
+        self.end_check(&handle, topic, partition)?;
+        Ok(offset)
     }
 }
 

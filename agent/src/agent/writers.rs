@@ -197,6 +197,8 @@ impl Agent {
         let mut writer = slot.lock().await;
         let running = crate::sync::write_lock(&self.inner.partitions).remove(&key);
         if let Some(r) = running {
+            // A read that has its handle answers with no end of the partition from now on.
+            r.handle.end();
             // Its local log stays readable until everything in it is archived.
             let reader = Arc::clone(r.handle.reader());
             crate::sync::write_lock(&self.inner.retired).insert(key.clone(), (r.topic_id, reader));

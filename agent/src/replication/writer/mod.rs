@@ -107,8 +107,9 @@ pub struct PartitionHandle {
     reader: Arc<PartitionReader>,
     epoch: u64,
     lag: Arc<std::sync::Mutex<Vec<FollowerLag>>>,
-    /// Set once the writer lost its write quorum: another writer may acknowledge past this
-    /// log's end any moment, so nothing is answered as this partition's end from here.
+    /// Set once the writer lost its write quorum, was fenced or is stopped: another writer may
+    /// acknowledge past this log's end any moment, so nothing is answered as this partition's
+    /// end from here.
     ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -150,10 +151,15 @@ impl PartitionHandle {
         self.epoch
     }
 
-    /// Whether the writer lost its write quorum (it is ending, and the partition is recovered
-    /// under a new epoch): its log's end is no longer the partition's.
+    /// Whether the writer lost its write quorum, was fenced by a newer epoch, or was stopped:
+    /// its log's end is no longer the partition's.
     pub fn ended(&self) -> bool {
         self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Marks the writer ended (see [`ended`](Self::ended)), as it is stopped.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// How far each follower of the open segment is behind, as of the writer's last tick.
@@ -357,6 +363,11 @@ impl PartitionWriter {
                             None => break,
                         },
                     }
+                }
+                // The next writer recovers the open segment under a new epoch: its followers may
+                // hold a group this log lost (see `reconcile`).
+                if !cancel.is_cancelled() {
+                    self.abandon().await;
                 }
                 break;
             }
@@ -568,6 +579,8 @@ impl PartitionWriter {
     /// A metadata write refused for a newer epoch: this writer is deposed and refuses writes.
     fn fenced(&mut self, expected: u64, actual: u64) -> StoreError {
         self.failed = Some(format!("fenced: epoch {expected} was superseded by {actual}"));
+        // Another writer holds the partition at a newer epoch.
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual })
     }
 

@@ -47,7 +47,10 @@ impl PartitionWriter {
                 "the open segment was written under this writer's epoch; taking a new one to recover it"
             );
             self.abandon().await;
-            return Err(StoreError::Fenced { topic, partition, epoch, fence: epoch + 1 });
+            return Err(StoreError::Metadata(silt_metadata::MetadataError::Fenced {
+                expected: epoch,
+                actual: epoch + 1,
+            }));
         }
         let chain = meta.clone();
         self.on_log("trim", move |log| trim_to_metadata(log, &chain, epoch).map(|_| ())).await?;

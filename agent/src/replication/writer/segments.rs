@@ -124,14 +124,14 @@ impl PartitionWriter {
         let now = Instant::now();
         self.disk_failed.retain(|_, (_, until)| *until > now);
         let Some(e) = &self.ensemble else { return };
-        let failed: Vec<(String, bool)> = e
-            .disk_failed()
-            .filter(|(a, _)| !self.disk_failed.contains_key(*a))
-            .map(|(a, distrusted)| (a.to_string(), distrusted))
-            .collect();
+        let failed: Vec<(String, bool)> =
+            e.disk_failed().map(|(a, distrusted)| (a.to_string(), distrusted)).collect();
         for (agent, distrusted) in failed {
             let incarnation = self.metadata.read_local(|s| s.agents.get(&agent).map(|i| i.incarnation));
             let Some(incarnation) = incarnation else { continue };
+            if self.disk_failed.get(&agent).is_some_and(|(noted, _)| *noted == incarnation) {
+                continue;
+            }
             let avoid = if distrusted { DISK_FAILED_AVOID } else { STORAGE_ERROR_AVOID };
             warn!(follower = %agent, incarnation, avoid_s = avoid.as_secs(),
                 "a follower's disk failed an append of this partition; new segments leave it out for a while, or until it restarts");
@@ -169,7 +169,16 @@ impl PartitionWriter {
                 .flat_map(|t| t.partitions.iter())
                 .filter_map(|p| p.open_segment())
                 .map(|seg| seg.ensemble.as_slice());
-            let chosen = crate::replication::placement::choose_ensemble(me, &reachable, open, r);
+            let open: Vec<&[String]> = open.collect();
+            let mut chosen =
+                crate::replication::placement::choose_ensemble(me, &reachable, open.iter().copied(), r);
+            if chosen.len() < w && !failed.is_empty() {
+                // Too few without them: better a follower whose disk failed lately than no
+                // writes at all.
+                let usable = failed.iter().filter(|a| !self.peers.is_unreachable(a));
+                let all: Vec<String> = reachable.iter().chain(usable).cloned().collect();
+                chosen = crate::replication::placement::choose_ensemble(me, &all, open.iter().copied(), r);
+            }
             let instances = chosen
                 .iter()
                 .map(|a| s.agents.get(a).map(|i| i.instance.clone()).unwrap_or_default())
@@ -183,7 +192,7 @@ impl PartitionWriter {
             }
             if !disk_failed.is_empty() {
                 cut_off += &format!(
-                    ", and the disk of {} failed under this partition (until it restarts)",
+                    ", and the disk of {} failed an append of this partition lately",
                     disk_failed.join(", ")
                 );
             }
@@ -329,15 +338,32 @@ impl PartitionWriter {
         }
     }
 
-    /// After metadata refused a pending seal's unverified members (the followers this writer
-    /// streamed to came from a copy of metadata that had not caught up with the segment's
-    /// ensemble): the next attempt seals without naming any. Returns the refusal.
-    fn seal_without_unverified(&mut self, reason: String) -> StoreError {
-        warn!(%reason, "metadata refused the followers a seal named unverified; sealing without them");
+    /// After metadata refused a pending seal that names unverified members: keeps only those
+    /// metadata's ensemble of the segment has (the followers this writer streamed to came
+    /// from a copy of metadata that had not caught up with it), so that the next attempt
+    /// succeeds. Returns the refusal.
+    async fn seal_without_unverified(&mut self, reason: String) -> StoreError {
+        let refused = silt_metadata::MetadataError::InvalidArgument(reason.clone()).into();
+        let Some(base) = self.roll_pending.as_ref().map(|p| p.base_offset) else { return refused };
+        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
+        let members = self
+            .metadata
+            .read(move |s| {
+                let p = s.topics.get(&topic)?.partitions.get(partition)?;
+                p.segments.get(&base).map(|seg| seg.ensemble.clone())
+            })
+            .await;
+        let Ok(Some(members)) = members else { return refused };
         if let Some(pending) = self.roll_pending.as_mut() {
-            pending.unverified.clear();
+            let holders = pending.replicas.clone().unwrap_or_default();
+            let before = pending.unverified.len();
+            pending.unverified.retain(|a| members.contains(a) && !holders.contains(a));
+            if pending.unverified.len() < before {
+                warn!(%reason, kept = ?pending.unverified,
+                    "metadata refused followers a seal named unverified that are not members of the segment; sealing without them");
+            }
         }
-        silt_metadata::MetadataError::InvalidArgument(reason).into()
+        refused
     }
 
     /// Seals the active segment on disk and records the seal and the new segment in metadata.
@@ -423,7 +449,7 @@ impl PartitionWriter {
                 Err(silt_metadata::MetadataError::InvalidArgument(reason))
                     if !summary.unverified.is_empty() =>
                 {
-                    return Err(self.seal_without_unverified(reason));
+                    return Err(self.seal_without_unverified(reason).await);
                 }
                 Err(e) => return Err(e.into()),
             };
@@ -444,7 +470,7 @@ impl PartitionWriter {
                 return Err(self.fenced(expected, actual));
             }
             Err(silt_metadata::MetadataError::InvalidArgument(reason)) if !summary.unverified.is_empty() => {
-                return Err(self.seal_without_unverified(reason));
+                return Err(self.seal_without_unverified(reason).await);
             }
             Err(e) => return Err(e.into()),
         }
