@@ -28,7 +28,11 @@ pub(crate) enum Fault {
     /// its requests to the other agents take up to that long too (in order), so that appends it
     /// sent before its lease lapsed arrive after the next writer took over, and the other
     /// agents' calls to metadata are slow, so that the next writer's recovery takes a while.
-    CutWriterFromMetadata { partition: u32, slow: Option<std::time::Duration> },
+    /// With `follower`, that one of the other agents (in name order) is cut off from metadata
+    /// too: the next writer recovers the open segment from it but, its lease lapsed, leaves it
+    /// out of the segments it opens, so that only the fence the recovery raised there stops the
+    /// deposed writer's appends.
+    CutWriterFromMetadata { partition: u32, slow: Option<std::time::Duration>, follower: Option<usize> },
     /// The agent's machine loses power: its processes stop at once and its disks keep only
     /// what was fsynced, with the first `torn` bytes written since put down too.
     Crash { agent: String, torn: usize },
@@ -62,15 +66,15 @@ impl fmt::Display for Fault {
             Fault::Isolate { agent, isolated: true } => write!(f, "isolate {agent}"),
             Fault::Isolate { agent, isolated: false } => write!(f, "mend the links of {agent}"),
             Fault::MetadataLink { agent, link } => write!(f, "link {agent} -> metadata: {link:?}"),
-            Fault::CutWriterFromMetadata { partition, slow: None } => {
-                write!(f, "cut the writer of partition {partition} off from metadata")
-            }
-            Fault::CutWriterFromMetadata { partition, slow: Some(slow) } => {
-                write!(
-                    f,
-                    "cut the writer of partition {partition} off from metadata, its requests delayed up to {slow:?}, \
-                     the others' calls to metadata slow"
-                )
+            Fault::CutWriterFromMetadata { partition, slow, follower } => {
+                write!(f, "cut the writer of partition {partition} off from metadata")?;
+                if let Some(slow) = slow {
+                    write!(f, ", its requests delayed up to {slow:?}, the others' calls to metadata slow")?;
+                }
+                if let Some(i) = follower {
+                    write!(f, ", and the other agents' number {i} (by name) too")?;
+                }
+                Ok(())
             }
             Fault::MendMetadataLinks => write!(f, "mend every link to metadata"),
             Fault::MendAllLinks => write!(f, "mend every link"),
@@ -193,7 +197,10 @@ impl Schedule {
                     let slow = rng
                         .random_bool(0.5)
                         .then(|| std::time::Duration::from_millis(rng.random_range(1_000..=4_500)));
-                    events.push((at, Fault::CutWriterFromMetadata { partition, slow }));
+                    // Drawn apart, so that the rest of the schedule a seed draws stays as it was.
+                    let mut apart = StdRng::seed_from_u64(seed ^ at ^ 0xF0_11_0E_25);
+                    let follower = apart.random_bool(0.5).then(|| apart.random_range(0..agents.len() - 1));
+                    events.push((at, Fault::CutWriterFromMetadata { partition, slow, follower }));
                     events.push((
                         end,
                         if slow.is_some() { Fault::MendAllLinks } else { Fault::MendMetadataLinks },
@@ -223,7 +230,7 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
         Fault::Link { from, to, link } => world.net.set_link(from, to, *link),
         Fault::Isolate { agent, isolated } => world.net.isolate(agent, *isolated),
         Fault::MetadataLink { agent, link } => world.metadata_links[agent].set(*link),
-        Fault::CutWriterFromMetadata { partition, slow } => {
+        Fault::CutWriterFromMetadata { partition, slow, follower } => {
             if let Some(agent) = world.writer_of(*partition) {
                 world.metadata_links[&agent].set(LinkState::Cut);
                 for other in world.agents.iter().filter(|a| **a != agent) {
@@ -233,6 +240,11 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
                         // fenced a member may arrive before it is done.
                         world.metadata_links[other].set(LinkState::Slow);
                     }
+                }
+                if let Some(other) =
+                    follower.and_then(|i| world.agents.iter().filter(|a| **a != agent).nth(i))
+                {
+                    world.metadata_links[other].set(LinkState::Cut);
                 }
             }
         }
