@@ -321,9 +321,13 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Metadata(m) => m.into(),
             StoreError::CorruptRead { .. } => ApiError::new(ErrorCode::CorruptData, e.to_string()),
-            StoreError::ShuttingDown | StoreError::NotEnoughReplicas(_) | StoreError::NotCached => {
-                ApiError::unavailable(e.to_string())
-            }
+            // A failed partition (a writer restarted from disk, a replica closed under a request
+            // or opened again after it diverged) is retried; only a disk operation that failed
+            // is `storage_error`, which a writer takes for a failing disk.
+            StoreError::ShuttingDown
+            | StoreError::NotEnoughReplicas(_)
+            | StoreError::NotCached
+            | StoreError::Failed(_) => ApiError::unavailable(e.to_string()),
             StoreError::Fenced { .. } => ApiError::new(ErrorCode::Fenced, e.to_string()),
             StoreError::Diverged(_) => ApiError::new(ErrorCode::ReplicaDiverged, e.to_string()),
             StoreError::OutOfRange { .. } => ApiError::new(ErrorCode::OffsetOutOfRange, e.to_string()),
@@ -348,5 +352,29 @@ mod tests {
             assert_eq!(body["code"], "unavailable");
         }
         assert_eq!(ErrorCode::parse("from_a_newer_agent"), None);
+    }
+
+    #[test]
+    fn only_a_failed_disk_operation_is_answered_as_a_storage_failure() {
+        // A writer leaves out of its next segments a follower that answers `storage_error`, so
+        // a replica closed under a request, or opened again after it diverged, is not one.
+        let disk = [
+            StoreError::io(Path::new("p"), "write", io::Error::other("EIO")),
+            StoreError::io_read(io::Error::other("EIO")),
+            StoreError::FsyncFailed { path: "p".into(), source: io::Error::other("EIO") },
+        ];
+        for e in disk {
+            assert_eq!(ApiError::from(e).code, ErrorCode::StorageError);
+        }
+        let not_disk = [
+            StoreError::Failed("the replica was closed; retry".into()),
+            StoreError::Failed(
+                "cannot start a segment at offset 640, past the start of the writer's new segment".into(),
+            ),
+        ];
+        for e in not_disk {
+            let api = ApiError::from(e);
+            assert_eq!(api.code, ErrorCode::Unavailable, "{api}");
+        }
     }
 }
