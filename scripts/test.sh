@@ -53,6 +53,10 @@ cargo nextest run --workspace --locked --no-fail-fast || status=$?
 # it for hours. A failing seed replays alone: silt-sim --seed S --trace.
 echo "== simulation: seeds 0..${SILT_SIM_SEEDS:-100}"
 "$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_SEEDS:-100}" -j "$(nproc)" || status=$?
+# A short schedule of real processes under real faults (docs/reliability.md); scripts/faults.sh
+# MINUTES runs it longer.
+echo "== real processes under faults: ${SILT_FAULTS_MINUTES:-1} minute(s)"
+SILT_FAULTS_BIN="$CARGO_TARGET_DIR/debug/silt-faults" ./scripts/faults.sh "${SILT_FAULTS_MINUTES:-1}" 1 || status=$?
 if [[ $status -ne 0 ]]; then
   # The emulators are stopped (and their logs overwritten by the next start) after this: show
   # what they logged last, for a failure that was theirs.

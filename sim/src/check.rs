@@ -21,9 +21,9 @@ use crate::history::{History, Op, Seen};
 
 /// The first property a history violates, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Violation {
-    pub(crate) property: &'static str,
-    pub(crate) detail: String,
+pub struct Violation {
+    pub property: &'static str,
+    pub detail: String,
 }
 
 fn violation(property: &'static str, detail: String) -> Result<(), Violation> {
@@ -31,7 +31,7 @@ fn violation(property: &'static str, detail: String) -> Result<(), Violation> {
 }
 
 /// Checks `history` (see the module documentation).
-pub(crate) fn check(history: &History) -> Result<(), Violation> {
+pub fn check(history: &History) -> Result<(), Violation> {
     let mut finals: BTreeMap<u32, BTreeMap<u64, &str>> = BTreeMap::new();
     // A partition read only part of the way: judged `unrecovered` unless what it lost of the
     // acknowledged messages says more.

@@ -9,8 +9,8 @@ use silt_agent::log::disk::{self, FaultKind};
 use silt_agent::memory_network::Link;
 use silt_metadata::handle::LinkState;
 
-use crate::history::Ms;
 use crate::world::World;
+use silt_sim::history::Ms;
 
 /// One fault, or its end.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,21 +1,22 @@
-//! What the simulation's clients did and saw: every operation with the simulated times it
-//! started and ended, in the order operations ended. The checker judges nothing else.
+//! What a harness's clients did and saw: every operation with the times it started and ended
+//! (simulated in `silt-sim`, real in `silt-faults`), in the order operations ended. The checker
+//! judges nothing else.
 
 use std::fmt;
 
-/// Milliseconds of simulated time since the simulation started.
-pub(crate) type Ms = u64;
+/// Milliseconds since the run started (simulated time in `silt-sim`).
+pub type Ms = u64;
 
 /// One partition's record as a read returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Seen {
-    pub(crate) offset: u64,
-    pub(crate) value: String,
+pub struct Seen {
+    pub offset: u64,
+    pub value: String,
 }
 
 /// What one operation did.
 #[derive(Debug, Clone)]
-pub(crate) enum Op {
+pub enum Op {
     /// A produce of one message to a partition, through an agent.
     Produce { partition: u32, via: String, value: String, result: Result<u64, String> },
     /// A read of a partition from an offset, through an agent: the records, the next offset
@@ -28,16 +29,16 @@ pub(crate) enum Op {
 
 /// An operation and when it ran.
 #[derive(Debug, Clone)]
-pub(crate) struct Event {
-    pub(crate) start: Ms,
-    pub(crate) end: Ms,
-    pub(crate) op: Op,
+pub struct Event {
+    pub start: Ms,
+    pub end: Ms,
+    pub op: Op,
 }
 
 /// Every operation of a run, in the order they ended.
 #[derive(Debug, Default)]
-pub(crate) struct History {
-    pub(crate) events: Vec<Event>,
+pub struct History {
+    pub events: Vec<Event>,
 }
 
 impl fmt::Display for Event {

@@ -5,9 +5,7 @@
 //! come from the seed (`overrides`), blocking work runs inline, and each seed runs in a process
 //! of its own.
 
-mod check;
 mod faults;
-mod history;
 mod overrides;
 mod workload;
 mod world;
@@ -23,8 +21,9 @@ use clap::Parser;
 use silt_agent::sim_bugs::Bug;
 
 use crate::faults::Schedule;
-use crate::history::{History, Ms};
 use crate::world::World;
+use silt_sim::check;
+use silt_sim::history::{History, Ms};
 
 /// Runs Silt's cluster under seeded fault schedules and checks what its clients saw.
 ///

@@ -13,8 +13,8 @@ use silt_agent::agent::ProduceMessage;
 use silt_agent::limits::ReadLimit;
 use silt_record::Record;
 
-use crate::history::{Event, History, Ms, Op, Seen};
 use crate::world::World;
+use silt_sim::history::{Event, History, Ms, Op, Seen};
 
 pub(crate) const TOPIC: &str = "events";
 pub(crate) const PARTITIONS: u32 = 2;

@@ -1,5 +1,5 @@
 //! `silt-sim` as its users run it: a seed replays byte for byte, a deliberate defect is caught
-//! within 200 seeds, and bad arguments get a clear error.
+//! within 200 seeds, and bad arguments get a clear error (from `silt-faults` too).
 
 #![allow(clippy::unwrap_used, reason = "tests may unwrap")]
 
@@ -83,4 +83,17 @@ fn bad_arguments_get_a_clear_error_and_run_nothing() {
     let o = silt_sim(&[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--seeds START..END or --seed S"), "{o:?}");
+}
+
+#[test]
+fn silt_faults_refuses_a_run_of_no_time_before_it_starts_anything() {
+    for minutes in ["0", "-1", "2000"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_silt-faults"))
+            .arg(format!("--minutes={minutes}"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("--minutes must be above 0 and at most 1440"), "{err}");
+    }
 }
