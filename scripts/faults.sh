@@ -25,6 +25,7 @@ command -v nft >/dev/null 2>&1 || missing+=(nftables)
 [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(faketime)
 if [[ ${#missing[@]} -gt 0 ]]; then
   echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 

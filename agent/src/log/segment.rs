@@ -433,18 +433,30 @@ impl Segment {
 
     /// Reads and fully validates the batch at `position`.
     fn read_batch_at(&self, position: u64, len: u64) -> Result<RecordBatch, String> {
+        self.read_batch(position, len).map_err(|e| match e {
+            StoreError::Read(io) => io.to_string(),
+            StoreError::Corrupt { reason, .. } => reason,
+            other => other.to_string(),
+        })
+    }
+
+    /// The batch at `position` of a file `len` bytes long: a read the disk failed is
+    /// [`StoreError::Read`], bytes that are no whole valid batch [`StoreError::Corrupt`].
+    fn read_batch(&self, position: u64, len: u64) -> Result<RecordBatch, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt { path: self.path.clone(), position, reason };
         let mut head = [0u8; LOG_OVERHEAD];
         if position + LOG_OVERHEAD as u64 > len {
-            return Err("incomplete batch header".into());
+            return Err(corrupt("incomplete batch header".into()));
         }
-        self.file.read_exact_at(&mut head, position).map_err(|e| e.to_string())?;
-        let batch_len = peek_batch_len(&head).ok_or("batch length field is invalid")?;
+        self.file.read_exact_at(&mut head, position).map_err(StoreError::io_read)?;
+        let batch_len =
+            peek_batch_len(&head).ok_or_else(|| corrupt("batch length field is invalid".into()))?;
         if batch_len > BATCH_BYTES_MAX || position + batch_len as u64 > len {
-            return Err(format!("batch of {batch_len} bytes runs past the end of the file"));
+            return Err(corrupt(format!("batch of {batch_len} bytes runs past the end of the file")));
         }
         let mut buf = BytesMut::zeroed(batch_len);
-        self.file.read_exact_at(&mut buf, position).map_err(|e| e.to_string())?;
-        RecordBatch::parse(buf.freeze()).map_err(|e| e.to_string())
+        self.file.read_exact_at(&mut buf, position).map_err(StoreError::io_read)?;
+        RecordBatch::parse(buf.freeze()).map_err(|e| corrupt(e.to_string()))
     }
 
     fn note_batch(&mut self, position: u64, batch: &RecordBatch) {
@@ -701,9 +713,9 @@ impl Segment {
         if self.size_bytes == 0 {
             return Ok(None);
         }
-        let batch = self.read_batch_at(0, self.size_bytes).map_err(|e| {
-            StoreError::Failed(format!("{}: first batch unreadable: {e}", self.path.display()))
-        })?;
+        // A failed read or a damaged batch is a storage error (a writer takes it for a failing
+        // disk), never a retry.
+        let batch = self.read_batch(0, self.size_bytes)?;
         Ok(Some(batch.partition_leader_epoch()))
     }
 
@@ -718,9 +730,7 @@ impl Segment {
         let view = self.view(self.size_bytes, self.next_offset);
         let mut at = view.entry_for(end_offset.max(self.base_offset));
         while at.offset < end_offset {
-            let batch = self
-                .read_batch_at(at.position, self.size_bytes)
-                .map_err(|e| StoreError::Failed(format!("{}: cannot truncate: {e}", self.path.display())))?;
+            let batch = self.read_batch(at.position, self.size_bytes)?;
             if batch.next_offset() > end_offset {
                 return Err(StoreError::Failed(format!(
                     "{}: offset {end_offset} is inside the batch {}..={}, not at a batch boundary",

@@ -94,6 +94,9 @@ fn main() -> std::process::ExitCode {
 struct Cluster {
     net: Net,
     nodes: BTreeMap<String, Node>,
+    /// Each agent's clock offset in seconds: the sum of the steps in effect (two faults may
+    /// step one clock at once).
+    clock_offsets: BTreeMap<String, i64>,
 }
 
 /// One fault, applied at once and healed by [`heal`].
@@ -191,7 +194,13 @@ fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<bool> {
             n.freeze(true)?;
         }
         Fault::StepClock { agent, seconds } => {
-            return cluster.nodes[agent].step_clock(*seconds);
+            if !cluster.nodes.get(agent).is_some_and(Node::has_fake_clock) {
+                return Ok(false);
+            }
+            let offset = cluster.clock_offsets.entry(agent.clone()).or_default();
+            *offset += seconds;
+            let offset = *offset;
+            cluster.nodes[agent].step_clock(offset)?;
         }
     }
     Ok(true)
@@ -225,8 +234,13 @@ fn heal(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
             }
         }
         Fault::Freeze { node } => cluster.nodes.get_mut(node).context("no such node")?.freeze(false)?,
-        Fault::StepClock { agent, .. } => {
-            cluster.nodes[agent].step_clock(0)?;
+        Fault::StepClock { agent, seconds } => {
+            let offset = cluster.clock_offsets.entry(agent.clone()).or_default();
+            *offset -= seconds;
+            let offset = *offset;
+            if let Some(node) = cluster.nodes.get(agent) {
+                node.step_clock(offset)?;
+            }
         }
     }
     Ok(())
@@ -235,6 +249,7 @@ fn heal(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
 /// Every fault healed: every packet passes, every process runs on its real clock.
 fn heal_all(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.net.heal()?;
+    cluster.clock_offsets.clear();
     for n in cluster.nodes.values_mut() {
         if n.is_frozen() {
             n.freeze(false)?;
@@ -263,6 +278,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         None => std::env::temp_dir().join(format!("silt-faults-{seed}")),
     };
     if dir.exists() {
+        // Only what an earlier run left is cleared: anything else is refused.
+        let earlier = dir.join("history.txt").exists() || dir.join("m1.log").exists();
+        let empty = std::fs::read_dir(&dir)?.next().is_none();
+        if !earlier && !empty {
+            bail!("{} exists and holds no earlier run of silt-faults: give another --dir", dir.display());
+        }
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
@@ -272,11 +293,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     let names = all_nodes();
     let net = Net::create(&names.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let cluster = Arc::new(Mutex::new(Cluster { net, nodes: BTreeMap::new() }));
-    // Interrupted, it still stops every process and removes every namespace it made.
+    let cluster =
+        Arc::new(Mutex::new(Cluster { net, nodes: BTreeMap::new(), clock_offsets: BTreeMap::new() }));
+    // Interrupted (SIGINT, SIGTERM), it still stops every process and removes every namespace
+    // it made.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let outcome = tokio::select! {
         outcome = exercise(&cluster, &silt, &dir, seed, args.minutes) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = terminate.recv() => Err(anyhow::anyhow!("terminated")),
     };
     let mut c = lock(&cluster);
     c.nodes.clear();
@@ -349,6 +374,9 @@ async fn exercise(
         }
         agent_urls = AGENTS.iter().map(|a| format!("http://{}:{AGENT_PORT}", c.net.ip(a))).collect();
     }
+    if !lock(cluster).nodes.values().any(Node::has_fake_clock) {
+        println!("silt-faults: libfaketime not found (Debian's faketime package): no clock steps");
+    }
     let clients = Arc::new(Clients::new(&agent_urls)?);
     clients.create_topic(cluster).await?;
     println!("silt-faults: cluster up, topic created; faults for {minutes} minutes");
@@ -373,8 +401,23 @@ async fn exercise(
             (Arc::clone(cluster), Arc::clone(&clients), Arc::clone(&faults_log), rng.random::<u64>());
         fault_tasks.push(tokio::spawn(async move { faults(cluster, clients, log, seed, phase_end).await }));
     }
-    for t in fault_tasks {
-        t.await??;
+    // A fault loop that fails (an nft or signal that did not take) ends the run: every other
+    // task is stopped before the cluster goes.
+    let mut failed = None;
+    for t in &mut fault_tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(e),
+            Err(e) => failed = Some(e.into()),
+        }
+        if failed.is_some() {
+            break;
+        }
+    }
+    if let Some(e) = failed {
+        fault_tasks.iter().for_each(tokio::task::JoinHandle::abort);
+        tasks.iter().for_each(tokio::task::JoinHandle::abort);
+        return Err(e.context("a fault could not be applied or healed"));
     }
     for t in tasks {
         t.await?;
@@ -542,11 +585,7 @@ impl Clients {
             };
             let start = self.now();
             let result = match client.produce(TOPIC, &[message]).await {
-                Ok(ids) => ids
-                    .first()
-                    .and_then(|id| id.rsplit('/').next())
-                    .and_then(|o| o.parse::<u64>().ok())
-                    .ok_or_else(|| format!("an answer without a message id: {ids:?}")),
+                Ok(ids) => offset_of(&ids, partition),
                 Err(e) => Err(e.to_string()),
             };
             if let Ok(offset) = result {
@@ -616,6 +655,19 @@ impl Clients {
     }
 }
 
+/// The offset of the one message a produce to `partition` was acknowledged with, from its id
+/// (`topic/partition/offset`).
+fn offset_of(ids: &[String], partition: u32) -> Result<u64, String> {
+    let [id] = ids else { return Err(format!("acknowledged with {} ids, not one: {ids:?}", ids.len())) };
+    let mut parts = id.rsplitn(3, '/');
+    let (offset, p) = (parts.next(), parts.next());
+    match (p.and_then(|p| p.parse::<u32>().ok()), offset.and_then(|o| o.parse::<u64>().ok())) {
+        (Some(p), Some(offset)) if p == partition => Ok(offset),
+        _ => Err(format!("acknowledged with the id {id}, not one of partition {partition}")),
+    }
+}
+
+/// Every record of `partition` from offset 0 to the high watermark, through one agent.
 async fn read_all(client: &Client, partition: u32) -> Result<(Vec<Seen>, u64), String> {
     let mut log = Vec::new();
     let mut offset = 0;
@@ -623,8 +675,15 @@ async fn read_all(client: &Client, partition: u32) -> Result<(Vec<Seen>, u64), S
         let page =
             client.replay(TOPIC, partition, Some(offset), None, 1000).await.map_err(|e| e.to_string())?;
         log.extend(seen(&page.messages));
-        if page.next_offset >= page.high_watermark || page.messages.is_empty() && page.next_offset == offset {
+        if page.next_offset >= page.high_watermark {
             return Ok((log, page.high_watermark));
+        }
+        if page.messages.is_empty() && page.next_offset == offset {
+            // Not read to the end: tried again, or judged unrecovered.
+            return Err(format!(
+                "no record at offset {offset}, below the high watermark {}",
+                page.high_watermark
+            ));
         }
         offset = page.next_offset;
     }
@@ -635,4 +694,23 @@ fn seen(messages: &[silt::client::Message]) -> Vec<Seen> {
         .iter()
         .map(|m| Seen { offset: m.offset, value: m.value.clone().unwrap_or_else(|| "<none>".to_string()) })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_of;
+
+    #[test]
+    fn an_acknowledgement_names_one_offset_of_the_partition_produced_to() {
+        assert_eq!(offset_of(&["events/1/42".to_string()], 1), Ok(42));
+        assert_eq!(
+            offset_of(&["a/b/1/7".to_string()], 1),
+            Ok(7),
+            "a topic name holds no '/', but the id is read from its end"
+        );
+        assert!(offset_of(&["events/0/42".to_string()], 1).is_err(), "another partition's id");
+        assert!(offset_of(&[], 1).is_err());
+        assert!(offset_of(&["events/1/2".to_string(), "events/1/3".to_string()], 1).is_err());
+        assert!(offset_of(&["events/1/x".to_string()], 1).is_err());
+    }
 }

@@ -94,8 +94,9 @@ impl Node {
     /// Freezes (SIGSTOP) or thaws (SIGCONT) the process.
     pub(crate) fn freeze(&mut self, frozen: bool) -> anyhow::Result<()> {
         if let Some(child) = &self.child {
-            let signal = if frozen { "-STOP" } else { "-CONT" };
-            crate::net::run("kill", &[signal, &child.id().to_string()])?;
+            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+            signal_process(child.id(), signal)
+                .with_context(|| format!("sending signal {signal} to {}", self.name))?;
             self.paused = frozen;
         }
         Ok(())
@@ -106,12 +107,21 @@ impl Node {
         self.paused
     }
 
+    /// Whether the process runs under libfaketime, so that [`Node::step_clock`] moves its clock.
+    pub(crate) fn has_fake_clock(&self) -> bool {
+        self.clock.is_some()
+    }
+
     /// Moves the wall clock the process sees to `offset_s` seconds from the real one (within
-    /// a second: libfaketime reads the file that often). False when the node runs without
-    /// libfaketime.
+    /// about two seconds: libfaketime reads the file again once a second has passed since it
+    /// last did). False when the node runs without libfaketime.
     pub(crate) fn step_clock(&self, offset_s: i64) -> anyhow::Result<bool> {
         let Some(file) = &self.clock else { return Ok(false) };
-        std::fs::write(file, format!("{offset_s:+}\n"))?;
+        // Written aside and renamed over: libfaketime reading a file half written (empty) would
+        // end the process.
+        let next = file.with_extension("next");
+        std::fs::write(&next, format!("{offset_s:+}\n"))?;
+        std::fs::rename(&next, file)?;
         Ok(true)
     }
 
@@ -120,6 +130,18 @@ impl Node {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// Sends `signal` to the process `pid`.
+#[allow(unsafe_code, reason = "kill(2) has no safe wrapper among this crate's dependencies")]
+fn signal_process(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: kill(2) takes plain integers and touches no memory of this process.
+    if unsafe { libc::kill(pid, signal) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
