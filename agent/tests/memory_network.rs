@@ -752,3 +752,159 @@ async fn a_writer_that_lost_its_write_quorum_answers_no_read_with_its_end() {
     cluster.metadata_links[&writer].set(LinkState::Up);
     cluster.stop().await;
 }
+
+/// A writer streams each new segment to the ensemble metadata committed for it, not to the
+/// one its copy of metadata shows: here its copy stops following (its reads are lost, its
+/// writes arrive) while segments roll every 100 ms, and every message is still acknowledged
+/// by a quorum and held by the followers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_copy_of_metadata_lags_replicates_each_new_segment_to_the_ensemble_it_opened() {
+    // A lease longer than a write waits for the copy to include it.
+    let cluster = Cluster::start_with_lease(true, Duration::from_secs(6)).await;
+    let config = BTreeMap::from([("segment.ms".to_string(), "100".to_string())]);
+    cluster.agents[0].create_topic(TOPIC, 1, config).await.expect("create topic");
+    let (writer, followers) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..3 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    let segments = || async {
+        cluster.metadata.read(|s| s.topics[TOPIC].partitions[0].segments.len()).await.expect("metadata read")
+    };
+    cluster.metadata_links[&writer].set(LinkState::ReadsLost);
+    for i in 3..9 {
+        let before = segments().await;
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+        // The segment rolls 100 ms after its first record; the next message goes to a new one.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while segments().await == before {
+            assert!(
+                Instant::now() < deadline,
+                "no segment rolled within 10 s: this is not the case under test"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    cluster.metadata_links[&writer].set(LinkState::Up);
+    let records = read_all(cluster.agent(&writer)).await;
+    check(&records, &acked);
+    // A quorum of 2 of 3: the writer and at least one follower hold every acknowledged message
+    // (a follower serves it once its copy of metadata shows it committed).
+    for (offset, i) in &acked {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        'held: loop {
+            for f in &followers {
+                let held = cluster.agent(f).read_held(TOPIC, 0, *offset, ReadLimit::new(1, 1 << 20)).await;
+                if let Ok((records, _, _)) = held {
+                    let r = records.first().expect("a held record");
+                    let value = format!("message {i}");
+                    assert_eq!((r.offset, r.value.as_deref()), (*offset, Some(value.as_bytes())));
+                    break 'held;
+                }
+            }
+            assert!(Instant::now() < deadline, "no follower holds acknowledged offset {offset}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    cluster.stop().await;
+}
+
+/// A seal metadata refuses for good (its record of the open segment names other members than
+/// the writer streamed to, which no retry changes) ends the writer, and the next one recovers
+/// the segment under a new epoch: the partition takes writes again and keeps every
+/// acknowledged message, where retrying the seal would refuse every write for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_seal_metadata_refuses_for_good_ends_and_the_next_one_takes_the_partition_on() {
+    let cluster = Cluster::start().await;
+    let config = BTreeMap::from([("segment.ms".to_string(), "100".to_string())]);
+    cluster.agents[0].create_topic(TOPIC, 1, config).await.expect("create topic");
+    let (writer, followers) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..3 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    // Once the segment holding them rolled, the open one stays empty until the next write.
+    let end = acked.keys().max().unwrap() + 1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (topic_id, epoch, members, instances) = loop {
+        let open = cluster
+            .metadata
+            .read(|s| {
+                let t = &s.topics[TOPIC];
+                let p = &t.partitions[0];
+                let open = p.open_segment().filter(|o| o.base_offset == end)?;
+                Some((t.id, p.epoch, open.ensemble.clone(), open.instances.clone()))
+            })
+            .await
+            .expect("metadata read");
+        if let Some(open) = open {
+            break open;
+        }
+        assert!(Instant::now() < deadline, "no empty segment opened at {end} within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Metadata's record of it changes under the writer: one follower fewer.
+    let gone = followers[0].clone();
+    let kept: Vec<usize> = (0..members.len()).filter(|i| members[*i] != gone).collect();
+    let seal = silt_metadata::Command::SealSegment {
+        topic: TOPIC.into(),
+        topic_id: Some(topic_id),
+        partition: 0,
+        epoch,
+        base_offset: end,
+        record_count: 0,
+        size_bytes: 0,
+        min_timestamp_ms: None,
+        max_timestamp_ms: None,
+        replicas: None,
+        unverified: Vec::new(),
+        now_ms: 1,
+    };
+    let open = silt_metadata::Command::OpenSegment {
+        topic: TOPIC.into(),
+        topic_id: Some(topic_id),
+        partition: 0,
+        epoch,
+        base_offset: end,
+        ensemble: kept.iter().map(|i| members[*i].clone()).collect(),
+        instances: kept.iter().filter_map(|i| instances.get(*i).cloned()).collect(),
+        now_ms: 1,
+    };
+    let roll = silt_metadata::Command::RollSegment { seal: Box::new(seal), open: Box::new(open) };
+    cluster.metadata.write(roll).await.expect("the open segment replaced in place");
+    // Acknowledged by the writer and the follower metadata no longer names, the other one cut
+    // off, then sealed 100 ms later naming that follower a replica: refused at every attempt.
+    let cut = followers[1].clone();
+    cluster.net.set_link(&writer, &cut, Link::Cut);
+    cluster.net.set_link(&cut, &writer, Link::Cut);
+    let offset = produce_acked(cluster.agent(&writer), 3).await;
+    assert_eq!(offset, end, "message 3 is not in the segment metadata's record of changed");
+    acked.insert(offset, 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.metadata.read(|s| s.topics[TOPIC].partitions[0].epoch).await.expect("metadata read")
+        == epoch
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the partition is still at epoch {epoch} 30 s after a refused seal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.net.set_link(&writer, &cut, Link::Up);
+    cluster.net.set_link(&cut, &writer, Link::Up);
+    let (writer, _) = cluster.ensemble_of(3).await;
+    for i in 4..8 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    // The next writer sealed the segment the refused seal was for, with message 3 in it.
+    let sealed = cluster
+        .metadata
+        .read(move |s| {
+            s.topics[TOPIC].partitions[0].segments.get(&end).map(|seg| (seg.state, seg.record_count))
+        })
+        .await
+        .expect("metadata read");
+    assert_eq!(sealed, Some((silt_metadata::state::SegmentState::Sealed, 1)));
+    check(&read_all(cluster.agent(&writer)).await, &acked);
+    cluster.stop().await;
+}

@@ -516,6 +516,11 @@ impl PartitionWriter {
     /// them), and lets the agent start a new writer, which recovers the open segment.
     async fn abandon(&mut self) {
         self.ensemble = None;
+        if !self.topic_is_current().await {
+            // The claim names the topic, not its id: it would take a partition of another topic.
+            info!("the topic was deleted; no new epoch to take");
+            return;
+        }
         let claim = Command::ClaimWriter {
             topic: self.config.topic.clone(),
             partition: self.config.partition,
@@ -584,33 +589,45 @@ impl PartitionWriter {
         StoreError::Metadata(silt_metadata::MetadataError::Fenced { expected, actual })
     }
 
-    async fn is_sealed_in_metadata(&self, s: &SealedSummary) -> bool {
-        let (topic, partition, base) =
-            (self.config.topic.clone(), self.config.partition as usize, s.base_offset);
-        self.metadata
+    /// Whether metadata records the segment `s` describes as sealed (or no longer has it), read
+    /// linearizably; false when the partition is another topic's now (deleted and created
+    /// again under the same name).
+    async fn is_sealed_in_metadata(&self, s: &SealedSummary) -> Result<bool, StoreError> {
+        let (topic, id, partition, base) =
+            (self.config.topic.clone(), self.config.topic_id, self.config.partition as usize, s.base_offset);
+        Ok(self
+            .metadata
             .read(move |st| {
-                st.topics.get(&topic).and_then(|t| t.partitions.get(partition)).is_some_and(|p| {
-                    p.segments
-                        .get(&base)
-                        .is_none_or(|seg| seg.state != silt_metadata::state::SegmentState::Open)
-                })
+                let Some(p) =
+                    st.topics.get(&topic).filter(|t| t.id == id).and_then(|t| t.partitions.get(partition))
+                else {
+                    return false;
+                };
+                p.segments.get(&base).is_none_or(|seg| seg.state != silt_metadata::state::SegmentState::Open)
             })
-            .await
-            .unwrap_or(false)
+            .await?)
     }
 
-    async fn is_open_in_metadata(&self, base: u64) -> bool {
-        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
-        self.metadata
+    /// The ensemble metadata committed for the open segment at `base`, when that is one this
+    /// writer opened (under its epoch), read linearizably.
+    async fn open_ensemble_in_metadata(&self, base: u64) -> Result<Option<Vec<String>>, StoreError> {
+        let (topic, id, partition, epoch) =
+            (self.config.topic.clone(), self.config.topic_id, self.config.partition as usize, self.epoch);
+        Ok(self
+            .metadata
             .read(move |st| {
-                st.topics
-                    .get(&topic)
-                    .and_then(|t| t.partitions.get(partition))
-                    .and_then(|p| p.open_segment())
-                    .is_some_and(|seg| seg.base_offset == base)
+                let t = st.topics.get(&topic).filter(|t| t.id == id)?;
+                let open = t.partitions.get(partition)?.open_segment()?;
+                (open.base_offset == base && open.epoch == epoch).then(|| open.ensemble.clone())
             })
-            .await
-            .unwrap_or(false)
+            .await?)
+    }
+
+    /// Whether the topic this writer writes is still the one of that name in metadata (not
+    /// deleted, nor created again); true when metadata cannot be read.
+    async fn topic_is_current(&self) -> bool {
+        let (topic, id) = (self.config.topic.clone(), self.config.topic_id);
+        self.metadata.read(move |st| st.topics.get(&topic).is_some_and(|t| t.id == id)).await.unwrap_or(true)
     }
 }
 

@@ -10,14 +10,19 @@ impl PartitionWriter {
         self.ensemble = None;
         let base = self.log().next_offset();
         let (ensemble, instances) = self.choose_ensemble()?;
-        match self.metadata.write(self.open_command(base, ensemble, instances)).await {
-            Ok(_) => {}
-            // A retry after a lost reply finds the segment open already.
-            Err(silt_metadata::MetadataError::InvalidArgument(_)) if self.is_open_in_metadata(base).await => {
+        let members = match self.metadata.write(self.open_command(base, ensemble.clone(), instances)).await {
+            Ok(_) => ensemble,
+            Err(silt_metadata::MetadataError::InvalidArgument(reason)) => {
+                // A retry after a lost reply finds the segment open already, perhaps with the
+                // ensemble an earlier attempt chose.
+                match self.open_ensemble_in_metadata(base).await? {
+                    Some(members) => members,
+                    None => return Err(silt_metadata::MetadataError::InvalidArgument(reason).into()),
+                }
             }
             Err(e) => return Err(e.into()),
-        }
-        self.start_ensemble(base);
+        };
+        self.start_ensemble(base, &members);
         Ok(())
     }
 
@@ -39,36 +44,26 @@ impl PartitionWriter {
         }
     }
 
-    /// Starts streaming to the followers metadata records for the open segment at `base`.
-    pub(super) fn start_ensemble(&mut self, base: u64) {
+    /// Starts streaming the open segment at `base` to the followers among `members`, the
+    /// ensemble metadata committed for it. Never the ensemble this agent's copy of metadata
+    /// shows: a copy that lags may still hold an earlier open segment at the same offset (an
+    /// empty one opened again with other members), and acknowledgements from agents that are
+    /// not members would count toward a quorum no recovery reads from.
+    pub(super) fn start_ensemble(&mut self, base: u64, members: &[String]) {
         let me = self.config.agent_id.clone();
-        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
-        let r = self.config.replication_factor().max(1);
-        let (followers, recorded): (Vec<(String, String)>, Option<usize>) = self.metadata.read_local(|s| {
-            let Some(seg) = s
-                .topics
-                .get(&topic)
-                .and_then(|t| t.partitions.get(partition))
-                .and_then(|p| p.open_segment())
-                .filter(|seg| seg.base_offset == base)
-            else {
-                return (Vec::new(), None);
-            };
-            let followers = seg
-                .ensemble
-                .iter()
-                .filter(|a| **a != me)
-                .filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone())))
-                .collect();
-            (followers, Some(seg.ensemble.len()))
+        let wanted: Vec<String> = members.iter().filter(|a| **a != me).cloned().collect();
+        // Addresses from the copy: an agent it does not know yet is left out (fewer followers,
+        // never others), and so is one it knows under an address since changed.
+        let followers: Vec<(String, String)> = self.metadata.read_local(|s| {
+            wanted.iter().filter_map(|a| s.agents.get(a).map(|i| (a.clone(), i.addr.clone()))).collect()
         });
         if followers.len() + 1 < self.config.write_quorum() {
-            // A stale copy, another writer that sealed the segment meanwhile, or a member
-            // metadata forgot: every write fails for want of acknowledgements until the next
-            // writer recovers the segment (an idle writer opens another one first).
-            warn!(topic = %topic, partition, segment = base, followers = followers.len(),
-                found = recorded.is_some(), write_quorum = self.config.write_quorum(),
-                "this agent's copy of metadata names fewer followers of the segment it opened than the write quorum needs");
+            // A member this agent's copy of metadata does not know yet: every write fails for
+            // want of acknowledgements until the next writer recovers the segment (an idle
+            // writer opens another one first).
+            warn!(topic = %self.config.topic, partition = self.config.partition, segment = base,
+                followers = followers.len(), members = ?members, write_quorum = self.config.write_quorum(),
+                "this agent's copy of metadata knows the addresses of fewer followers of the segment it opened than the write quorum needs");
         }
         let target = ReplicaTarget {
             topic_id: self.config.topic_id,
@@ -82,7 +77,7 @@ impl PartitionWriter {
             self.config.partition,
             target,
             followers,
-            recorded.unwrap_or(r),
+            members.len().max(1),
             self.config.write_quorum(),
         ));
     }
@@ -338,32 +333,55 @@ impl PartitionWriter {
         }
     }
 
-    /// After metadata refused a pending seal that names unverified members: keeps only those
-    /// metadata's ensemble of the segment has (the followers this writer streamed to came
-    /// from a copy of metadata that had not caught up with it), so that the next attempt
-    /// succeeds. Returns the refusal.
-    async fn seal_without_unverified(&mut self, reason: String) -> StoreError {
-        let refused = silt_metadata::MetadataError::InvalidArgument(reason.clone()).into();
-        let Some(base) = self.roll_pending.as_ref().map(|p| p.base_offset) else { return refused };
-        let (topic, partition) = (self.config.topic.clone(), self.config.partition as usize);
+    /// After metadata refused a pending seal for a reason no lost reply explains. When the seal
+    /// names unverified members metadata does not have (the followers this writer streamed to
+    /// came from a copy of metadata that had not caught up with it), keeps only those it has,
+    /// so that the next attempt succeeds. Any other refusal would be refused again at every
+    /// retry, the partition taking no write: metadata and this writer disagree about the
+    /// segment, so the writer ends, and the next one recovers the segment from the members
+    /// metadata records, under a new epoch. Returns the refusal.
+    async fn seal_refused(&mut self, reason: String) -> StoreError {
+        let refused: StoreError = silt_metadata::MetadataError::InvalidArgument(reason.clone()).into();
+        match self.seal_without_unverified(&reason).await {
+            Ok(true) => return refused,
+            // Not known yet whether dropping some would do: the next tick asks again.
+            Err(e) => return e,
+            Ok(false) => {}
+        }
+        error!(%reason, "metadata refused the seal of a segment for good; the writer ends and the next one recovers it");
+        self.failed.get_or_insert_with(|| format!("metadata refused the seal of a segment: {reason}"));
+        self.lose_quorum();
+        refused
+    }
+
+    /// Drops from the pending seal's unverified members those metadata's ensemble of the
+    /// segment lacks; whether it dropped any.
+    async fn seal_without_unverified(&mut self, reason: &str) -> Result<bool, StoreError> {
+        let Some(base) =
+            self.roll_pending.as_ref().filter(|p| !p.unverified.is_empty()).map(|p| p.base_offset)
+        else {
+            return Ok(false);
+        };
+        let (topic, id, partition) =
+            (self.config.topic.clone(), self.config.topic_id, self.config.partition as usize);
         let members = self
             .metadata
             .read(move |s| {
-                let p = s.topics.get(&topic)?.partitions.get(partition)?;
+                let p = s.topics.get(&topic).filter(|t| t.id == id)?.partitions.get(partition)?;
                 p.segments.get(&base).map(|seg| seg.ensemble.clone())
             })
-            .await;
-        let Ok(Some(members)) = members else { return refused };
-        if let Some(pending) = self.roll_pending.as_mut() {
-            let holders = pending.replicas.clone().unwrap_or_default();
-            let before = pending.unverified.len();
-            pending.unverified.retain(|a| members.contains(a) && !holders.contains(a));
-            if pending.unverified.len() < before {
-                warn!(%reason, kept = ?pending.unverified,
-                    "metadata refused followers a seal named unverified that are not members of the segment; sealing without them");
-            }
+            .await?;
+        let Some(members) = members else { return Ok(false) };
+        let Some(pending) = self.roll_pending.as_mut() else { return Ok(false) };
+        let holders = pending.replicas.clone().unwrap_or_default();
+        let before = pending.unverified.len();
+        pending.unverified.retain(|a| members.contains(a) && !holders.contains(a));
+        if pending.unverified.len() == before {
+            return Ok(false);
         }
-        refused
+        warn!(%reason, kept = ?pending.unverified,
+            "metadata refused followers a seal named unverified that are not members of the segment; sealing without them");
+        Ok(true)
     }
 
     /// Seals the active segment on disk and records the seal and the new segment in metadata.
@@ -427,34 +445,30 @@ impl PartitionWriter {
         if let Ok((ensemble, instances)) = self.choose_ensemble() {
             let roll = Command::RollSegment {
                 seal: Box::new(self.seal_command(&summary)),
-                open: Box::new(self.open_command(next, ensemble, instances)),
+                open: Box::new(self.open_command(next, ensemble.clone(), instances)),
             };
-            let rolled = match self.metadata.write(roll).await {
-                Ok(_) => true,
+            let members = match self.metadata.write(roll).await {
+                Ok(_) => Some(ensemble),
                 Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
                     return Err(self.fenced(expected, actual));
                 }
-                // A retry after a lost reply finds the next segment open already.
-                Err(silt_metadata::MetadataError::InvalidArgument(_))
-                    if self.is_open_in_metadata(next).await =>
-                {
-                    true
-                }
-                // Sealed already (by an earlier attempt of the steps below): open alone.
-                Err(silt_metadata::MetadataError::InvalidArgument(_))
-                    if self.is_sealed_in_metadata(&summary).await =>
-                {
-                    false
-                }
-                Err(silt_metadata::MetadataError::InvalidArgument(reason))
-                    if !summary.unverified.is_empty() =>
-                {
-                    return Err(self.seal_without_unverified(reason).await);
+                Err(silt_metadata::MetadataError::InvalidArgument(reason)) => {
+                    // A read that fails leaves the question open: the next tick asks again.
+                    if let Some(members) = self.open_ensemble_in_metadata(next).await? {
+                        // A retry after a lost reply finds the next segment open already,
+                        // perhaps with the ensemble an earlier attempt chose.
+                        Some(members)
+                    } else if self.is_sealed_in_metadata(&summary).await? {
+                        // Sealed already (by an earlier attempt of the steps below): open alone.
+                        None
+                    } else {
+                        return Err(self.seal_refused(reason).await);
+                    }
                 }
                 Err(e) => return Err(e.into()),
             };
-            if rolled {
-                self.start_ensemble(next);
+            if let Some(members) = members {
+                self.start_ensemble(next, &members);
                 self.roll_pending = None;
                 return Ok(());
             }
@@ -463,14 +477,14 @@ impl PartitionWriter {
         // or the seal is recorded already: one step at a time.
         match self.metadata.write(self.seal_command(&summary)).await {
             Ok(_) => {}
-            // A retry after a lost reply finds the segment already sealed; go on to the open.
-            Err(silt_metadata::MetadataError::InvalidArgument(_))
-                if self.is_sealed_in_metadata(&summary).await => {}
             Err(silt_metadata::MetadataError::Fenced { expected, actual }) => {
                 return Err(self.fenced(expected, actual));
             }
-            Err(silt_metadata::MetadataError::InvalidArgument(reason)) if !summary.unverified.is_empty() => {
-                return Err(self.seal_without_unverified(reason).await);
+            Err(silt_metadata::MetadataError::InvalidArgument(reason)) => {
+                // A retry after a lost reply finds the segment already sealed; go on to the open.
+                if !self.is_sealed_in_metadata(&summary).await? {
+                    return Err(self.seal_refused(reason).await);
+                }
             }
             Err(e) => return Err(e.into()),
         }
