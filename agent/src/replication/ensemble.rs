@@ -44,6 +44,8 @@ struct Follower {
 
 struct FollowerState {
     failed: AtomicBool,
+    /// It refused an append as fenced: a writer of a newer epoch took the partition over.
+    fenced: AtomicBool,
     /// It answered an append with a failure of its disk: 1 for a failed write or fsync
     /// (`storage_error`), 2 when it opens no log of the partition until its process restarts
     /// (`disk_failed`).
@@ -127,6 +129,7 @@ impl Ensemble {
                 let (tx, rx) = mpsc::channel(FOLLOWER_QUEUE_GROUPS);
                 let state = Arc::new(FollowerState {
                     failed: AtomicBool::new(false),
+                    fenced: AtomicBool::new(false),
                     disk_failed: std::sync::atomic::AtomicU8::new(0),
                     acked: AtomicU64::new(base),
                     oldest_pending_ms: AtomicU64::new(0),
@@ -263,6 +266,12 @@ impl Ensemble {
         })
     }
 
+    /// Whether a follower refused an append as fenced: a writer of a newer epoch has fenced
+    /// its replica, so this writer is deposed (whatever its copy of metadata says yet).
+    pub fn fenced(&self) -> bool {
+        self.followers.iter().any(|f| f.state.fenced.load(Ordering::Relaxed))
+    }
+
     /// Whether a follower left the ensemble (the writer rolls to a new segment).
     pub fn degraded(&self) -> bool {
         self.followers.iter().any(|f| f.state.failed.load(Ordering::Relaxed))
@@ -335,6 +344,9 @@ impl Link {
                         _ => 0,
                     };
                     self.state.disk_failed.fetch_max(disk, Ordering::Relaxed);
+                    if e.code == ErrorCode::Fenced {
+                        self.state.fenced.store(true, Ordering::Relaxed);
+                    }
                     Err(e.message)
                 }
             };

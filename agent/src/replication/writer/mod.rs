@@ -431,13 +431,17 @@ impl PartitionWriter {
             let ranges: Vec<(u64, u64)> =
                 stamped.iter().map(|b| (b.base_offset(), b.last_offset())).collect();
             let result = self.write_replicated(stamped, next).await;
+            // Acknowledged or not, a follower fenced by a newer writer means this one is
+            // deposed: it ends now, rather than answer reads with an end the newer writer may
+            // already have acknowledged past (its copy of metadata may not show the move yet).
+            let deposed = self.deposed_by_a_follower();
             match result {
                 Ok(()) => {
                     self.first_append_at.get_or_insert_with(Instant::now);
                     for ((reply, _permit), range) in replies.into_iter().zip(ranges) {
                         let _ = reply.send(Ok(range));
                     }
-                    if self.ensemble.as_ref().is_some_and(|e| e.degraded()) {
+                    if !deposed && self.ensemble.as_ref().is_some_and(|e| e.degraded()) {
                         // A follower left: the next batches go to a segment with a full
                         // ensemble rather than wait for the next tick.
                         info!("a follower left the open segment's ensemble; rolling to a segment with a new ensemble");
@@ -579,6 +583,20 @@ impl PartitionWriter {
             return;
         };
         self.config.topic_config = c;
+    }
+
+    /// Whether a follower refused an append as fenced by a newer writer; if so this writer is
+    /// deposed, refuses writes and answers for the partition no more (as after [`Self::fenced`]).
+    fn deposed_by_a_follower(&mut self) -> bool {
+        if !self.ensemble.as_ref().is_some_and(|e| e.fenced()) {
+            return false;
+        }
+        if self.failed.is_none() {
+            warn!("a follower's replica is fenced by a newer writer; this writer is deposed and ends");
+            self.failed = Some("deposed: a follower's replica is fenced by a newer writer".into());
+        }
+        self.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        true
     }
 
     /// A metadata write refused for a newer epoch: this writer is deposed and refuses writes.

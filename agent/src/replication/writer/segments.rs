@@ -225,7 +225,7 @@ impl PartitionWriter {
     /// Rolls the active segment when it is older than `segment.ms`, or when its ensemble
     /// should change (a follower left, or more agents could join it).
     pub(super) async fn roll_if_old(&mut self) {
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.deposed_by_a_follower() {
             return;
         }
         if self.roll_pending.is_some() {
