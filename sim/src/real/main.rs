@@ -1,8 +1,8 @@
 //! `silt-faults`: three `silt metadata` and three `silt agent` processes, each in its own network
 //! namespace, under real faults drawn from a seed (nftables drops, one way or both, SIGKILL,
-//! SIGSTOP, wall clock steps), while real clients produce and read through the agents' HTTP
-//! API; then every fault is healed, every partition read to its end, and the history judged by
-//! the checker `silt-sim` uses.
+//! SIGSTOP, wall clock steps, a full disk, slow fsyncs), while real clients produce and read
+//! through the agents' HTTP API; then every fault is healed, every partition read to its end,
+//! and the history judged by the checker `silt-sim` uses.
 
 mod net;
 mod node;
@@ -21,7 +21,7 @@ use silt_sim::check;
 use silt_sim::history::{Event, History, Ms, Op, Seen};
 
 use crate::net::Net;
-use crate::node::Node;
+use crate::node::{Disk, Node};
 
 /// Runs Silt's real processes under real faults and checks what its clients saw.
 ///
@@ -30,11 +30,13 @@ use crate::node::Node;
 /// given time lets producers and readers run while faults drawn from the seed come and go, up to
 /// two at once: packets between two nodes dropped (one way or both), an agent cut off from
 /// metadata, a node cut off from every other, kill -9 and a restart, SIGSTOP for up to 8 s, an
-/// agent's wall clock stepped by up to an hour. Then it heals every fault, reads every partition
+/// agent's wall clock stepped by up to an hour, an agent's disk (a 256 MiB tmpfs) filled up, an
+/// agent's every fsync delayed by 20 ms to 1 s. Then it heals every fault, reads every partition
 /// to its end and checks the history: no acknowledged message lost, no offset with two
 /// messages, no read of anything later undone, no high watermark going back. Prints the
 /// verdict; the history, the faults and each process's log stay in --dir. Needs root,
-/// iproute2, nftables and (for clock steps) Debian's faketime package.
+/// iproute2, nftables, Debian's faketime package (for clock steps) and `libsilt_slow_fsync.so`
+/// beside `silt` (for slow disks; `cargo build -p silt-slow-fsync`).
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -61,6 +63,8 @@ const METADATA: [&str; 3] = ["m1", "m2", "m3"];
 const AGENTS: [&str; 3] = ["a1", "a2", "a3"];
 const METADATA_PORT: u16 = 7100;
 const AGENT_PORT: u16 = 7200;
+/// The size of the tmpfs each agent keeps its data on.
+const AGENT_DISK_MIB: u64 = 256;
 /// How long the clients keep trying to read every partition to its end after the faults.
 const RECOVERY: Duration = Duration::from_secs(120);
 /// A client request that takes longer fails (and is recorded as failed: it may or may not have
@@ -114,6 +118,10 @@ enum Fault {
     Freeze { node: String },
     /// An agent's wall clock moved by `seconds`, back when healed.
     StepClock { agent: String, seconds: i64 },
+    /// An agent's disk filled up: every write to it fails with ENOSPC until healed.
+    FillDisk { agent: String },
+    /// Every fsync of an agent's process delayed by `delay_ms` until healed.
+    SlowDisk { agent: String, delay_ms: u64 },
 }
 
 impl std::fmt::Display for Fault {
@@ -126,6 +134,8 @@ impl std::fmt::Display for Fault {
             Fault::Kill { node } => write!(f, "kill -9 {node}"),
             Fault::Freeze { node } => write!(f, "SIGSTOP {node}"),
             Fault::StepClock { agent, seconds } => write!(f, "step the clock of {agent} by {seconds:+} s"),
+            Fault::FillDisk { agent } => write!(f, "fill the disk of {agent}"),
+            Fault::SlowDisk { agent, delay_ms } => write!(f, "delay every fsync of {agent} by {delay_ms} ms"),
         }
     }
 }
@@ -138,7 +148,7 @@ fn draw(rng: &mut StdRng) -> Fault {
     let nodes = all_nodes();
     let node = |rng: &mut StdRng| nodes[rng.random_range(0..nodes.len())].clone();
     let agent = |rng: &mut StdRng| AGENTS[rng.random_range(0..AGENTS.len())].to_string();
-    match rng.random_range(0..7) {
+    match rng.random_range(0..9) {
         0 | 1 => {
             let from = node(rng);
             let mut to = node(rng);
@@ -151,10 +161,12 @@ fn draw(rng: &mut StdRng) -> Fault {
         3 => Fault::Isolate { node: node(rng) },
         4 => Fault::Kill { node: node(rng) },
         5 => Fault::Freeze { node: node(rng) },
-        _ => {
+        6 => {
             let seconds = rng.random_range(1..=3600) * if rng.random_bool(0.5) { 1 } else { -1 };
             Fault::StepClock { agent: agent(rng), seconds }
         }
+        7 => Fault::FillDisk { agent: agent(rng) },
+        _ => Fault::SlowDisk { agent: agent(rng), delay_ms: [20, 200, 1000][rng.random_range(0..3)] },
     }
 }
 
@@ -202,6 +214,21 @@ fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<bool> {
             let offset = *offset;
             cluster.nodes[agent].step_clock(offset)?;
         }
+        Fault::FillDisk { agent } => {
+            let Some(disk) = cluster.nodes.get(agent).and_then(Node::disk) else { return Ok(false) };
+            if disk.is_full() {
+                return Ok(false);
+            }
+            disk.fill()?;
+        }
+        Fault::SlowDisk { agent, delay_ms } => {
+            let n = cluster.nodes.get_mut(agent).context("no such node")?;
+            if n.is_slowed() {
+                return Ok(false);
+            }
+            // A process started again meanwhile is slowed too: the file outlives it.
+            return n.slow_disk(Some(*delay_ms));
+        }
     }
     Ok(true)
 }
@@ -242,6 +269,14 @@ fn heal(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
                 node.step_clock(offset)?;
             }
         }
+        Fault::FillDisk { agent } => {
+            if let Some(disk) = cluster.nodes.get(agent).and_then(Node::disk) {
+                disk.free()?;
+            }
+        }
+        Fault::SlowDisk { agent, .. } => {
+            cluster.nodes.get_mut(agent).context("no such node")?.slow_disk(None)?;
+        }
     }
     Ok(())
 }
@@ -251,6 +286,10 @@ fn heal_all(cluster: &mut Cluster) -> anyhow::Result<()> {
     cluster.net.heal()?;
     cluster.clock_offsets.clear();
     for n in cluster.nodes.values_mut() {
+        n.slow_disk(None)?;
+        if let Some(disk) = n.disk() {
+            disk.free()?;
+        }
         if n.is_frozen() {
             n.freeze(false)?;
         }
@@ -283,6 +322,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         let empty = std::fs::read_dir(&dir)?.next().is_none();
         if !earlier && !empty {
             bail!("{} exists and holds no earlier run of silt-faults: give another --dir", dir.display());
+        }
+        // An interrupted run may have left its agents' disks mounted.
+        for a in AGENTS {
+            let _ = net::run("umount", &["-l", &dir.join(format!("{a}-disk")).display().to_string()]);
         }
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -351,7 +394,10 @@ async fn exercise(
             node.start()?;
             c.nodes.insert(m.to_string(), node);
         }
+        // Beside silt, as cargo builds it (`cargo build -p silt-slow-fsync`).
+        let slow_fsync = Some(silt.with_file_name("libsilt_slow_fsync.so")).filter(|l| l.exists());
         for a in AGENTS {
+            let disk = Disk::mount(&dir.join(format!("{a}-disk")), AGENT_DISK_MIB)?;
             let addr = format!("{}:{AGENT_PORT}", c.net.ip(a));
             let args = vec![
                 "agent".to_string(),
@@ -362,13 +408,14 @@ async fn exercise(
                 "--metadata".into(),
                 metadata_addrs.join(","),
                 "--data-dir".into(),
-                dir.join(a).display().to_string(),
+                disk.data_dir().display().to_string(),
                 "--object-store".into(),
                 format!("file://{}", bucket.display()),
                 "--lease".into(),
                 "2s".into(),
             ];
-            let mut node = Node::new(a, silt, args, dir, true)?;
+            let mut node =
+                Node::new(a, silt, args, dir, true)?.with_disk(disk, slow_fsync.as_deref(), dir)?;
             node.start()?;
             c.nodes.insert(a.to_string(), node);
         }
@@ -376,6 +423,9 @@ async fn exercise(
     }
     if !lock(cluster).nodes.values().any(Node::has_fake_clock) {
         println!("silt-faults: libfaketime not found (Debian's faketime package): no clock steps");
+    }
+    if !lock(cluster).nodes.values().any(Node::has_slow_disk) {
+        println!("silt-faults: no libsilt_slow_fsync.so beside silt (cargo build -p silt-slow-fsync): no slow disks");
     }
     let clients = Arc::new(Clients::new(&agent_urls)?);
     clients.create_topic(cluster).await?;

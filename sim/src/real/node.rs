@@ -1,13 +1,14 @@
 //! One `silt` process of a `silt-faults` run, in its node's network namespace, with a wall
 //! clock libfaketime can step: started, killed with SIGKILL, frozen with SIGSTOP, started again
-//! on the same data directory.
+//! on the same data directory; and an agent's disk of its own, which a fault fills up or slows.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::Context;
 
-use crate::net::namespace;
+use crate::net::{namespace, run};
 
 /// Where Debian's `faketime` package puts the library.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -20,8 +21,16 @@ pub(crate) struct Node {
     log: PathBuf,
     /// The file libfaketime reads the clock's offset from (`None`: the real clock).
     clock: Option<PathBuf>,
+    /// Libraries preloaded into the process (libfaketime, `libsilt_slow_fsync.so`).
+    preload: Vec<PathBuf>,
     child: Option<Child>,
     paused: bool,
+    /// The file `libsilt_slow_fsync.so` reads each fsync's delay from (`None`: not preloaded).
+    fsync_delay: Option<PathBuf>,
+    /// Whether that delay is above 0 now.
+    slowed: bool,
+    /// The node's own disk, when it has one; dropped (unmounted) after the process ends.
+    disk: Option<Disk>,
 }
 
 impl Node {
@@ -46,10 +55,57 @@ impl Node {
             silt: silt.to_path_buf(),
             args,
             log: dir.join(format!("{name}.log")),
+            preload: clock.iter().map(|_| PathBuf::from(LIBFAKETIME)).collect(),
             clock,
             child: None,
             paused: false,
+            fsync_delay: None,
+            slowed: false,
+            disk: None,
         })
+    }
+
+    /// Gives the node `disk` (its data directory lives on it), and preloads `slow_fsync` (the
+    /// path of `libsilt_slow_fsync.so`, when there is one) so that its fsyncs can be slowed.
+    pub(crate) fn with_disk(
+        mut self,
+        disk: Disk,
+        slow_fsync: Option<&Path>,
+        dir: &Path,
+    ) -> anyhow::Result<Node> {
+        self.disk = Some(disk);
+        if let Some(lib) = slow_fsync {
+            let file = dir.join(format!("{}.fsync-delay", self.name));
+            replace_file(&file, "0\n")?;
+            self.preload.push(lib.to_path_buf());
+            self.fsync_delay = Some(file);
+        }
+        Ok(self)
+    }
+
+    /// The node's own disk, if it has one.
+    pub(crate) fn disk(&self) -> Option<&Disk> {
+        self.disk.as_ref()
+    }
+
+    /// Delays every fsync and fdatasync of the process by `delay_ms` from now on (`None`: no
+    /// more), through the file the preloaded `libsilt_slow_fsync.so` reads at every call. False
+    /// when the node runs without that library.
+    pub(crate) fn slow_disk(&mut self, delay_ms: Option<u64>) -> anyhow::Result<bool> {
+        let Some(file) = &self.fsync_delay else { return Ok(false) };
+        replace_file(file, &format!("{}\n", delay_ms.unwrap_or(0)))?;
+        self.slowed = delay_ms.is_some();
+        Ok(true)
+    }
+
+    /// Whether the process's fsyncs are being delayed.
+    pub(crate) fn is_slowed(&self) -> bool {
+        self.slowed
+    }
+
+    /// Whether the process runs with `libsilt_slow_fsync.so`, so that [`Node::slow_disk`] works.
+    pub(crate) fn has_slow_disk(&self) -> bool {
+        self.fsync_delay.is_some()
     }
 
     /// Starts the process (`ip netns exec` and `env` exec it: the child's pid is silt's).
@@ -57,9 +113,15 @@ impl Node {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &namespace(&self.name), "env"]);
+        if !self.preload.is_empty() {
+            let libs: Vec<String> = self.preload.iter().map(|l| l.display().to_string()).collect();
+            cmd.arg(format!("LD_PRELOAD={}", libs.join(":")));
+        }
+        if let Some(file) = &self.fsync_delay {
+            cmd.arg(format!("SILT_SLOW_FSYNC_FILE={}", file.display()));
+        }
         if let Some(file) = &self.clock {
-            cmd.arg(format!("LD_PRELOAD={LIBFAKETIME}"))
-                .arg(format!("FAKETIME_TIMESTAMP_FILE={}", file.display()))
+            cmd.arg(format!("FAKETIME_TIMESTAMP_FILE={}", file.display()))
                 .arg("FAKETIME_CACHE_DURATION=1")
                 .arg("FAKETIME_DONT_FAKE_MONOTONIC=1");
         }
@@ -117,11 +179,8 @@ impl Node {
     /// last did). False when the node runs without libfaketime.
     pub(crate) fn step_clock(&self, offset_s: i64) -> anyhow::Result<bool> {
         let Some(file) = &self.clock else { return Ok(false) };
-        // Written aside and renamed over: libfaketime reading a file half written (empty) would
-        // end the process.
-        let next = file.with_extension("next");
-        std::fs::write(&next, format!("{offset_s:+}\n"))?;
-        std::fs::rename(&next, file)?;
+        // Replaced whole: libfaketime reading a file half written (empty) would end the process.
+        replace_file(file, &format!("{offset_s:+}\n"))?;
         Ok(true)
     }
 
@@ -131,6 +190,13 @@ impl Node {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// Writes `text` to `file` aside and renames it over, so that no reader sees it half written.
+fn replace_file(file: &Path, text: &str) -> std::io::Result<()> {
+    let next = file.with_extension("next");
+    std::fs::write(&next, text)?;
+    std::fs::rename(&next, file)
 }
 
 /// Sends `signal` to the process `pid`.
@@ -151,5 +217,78 @@ impl Drop for Node {
             let _ = self.freeze(false);
         }
         self.kill9();
+    }
+}
+
+/// A small tmpfs mounted for one node's data directory, so that a fault can fill it up without
+/// touching the machine's own disk. Unmounted when dropped.
+pub(crate) struct Disk {
+    mount: PathBuf,
+    /// The file that takes up the free space while the disk is full.
+    ballast: PathBuf,
+}
+
+impl Disk {
+    /// Mounts a tmpfs of `mib` MiB at `mount` (created if missing).
+    pub(crate) fn mount(mount: &Path, mib: u64) -> anyhow::Result<Disk> {
+        std::fs::create_dir_all(mount)?;
+        // Whatever an interrupted run left mounted there goes first.
+        let _ = run("umount", &["-l", &mount.display().to_string()]);
+        run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0755"),
+                "silt-faults",
+                &mount.display().to_string(),
+            ],
+        )
+        .with_context(|| format!("mounting a tmpfs at {}", mount.display()))?;
+        Ok(Disk { mount: mount.to_path_buf(), ballast: mount.join("ballast") })
+    }
+
+    /// Where the node keeps its data on this disk.
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.mount.join("data")
+    }
+
+    /// Takes up all the free space: every write to the disk fails with ENOSPC until
+    /// [`Disk::free`]. Returns the bytes it took.
+    pub(crate) fn fill(&self) -> anyhow::Result<u64> {
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&self.ballast)?;
+        let mut taken = 0u64;
+        for chunk in [1 << 20, 4096, 512] {
+            let buf = vec![0u8; chunk];
+            loop {
+                match file.write(&buf) {
+                    Ok(0) => break,
+                    Ok(n) => taken += n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                    Err(e) => return Err(e).context("filling a disk"),
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Frees what [`Disk::fill`] took.
+    pub(crate) fn free(&self) -> anyhow::Result<()> {
+        match std::fs::remove_file(&self.ballast) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).context("freeing a disk"),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the disk is filled up now.
+    pub(crate) fn is_full(&self) -> bool {
+        self.ballast.exists()
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = run("umount", &["-l", &self.mount.display().to_string()]);
     }
 }
