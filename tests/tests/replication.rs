@@ -1101,7 +1101,8 @@ async fn a_segment_sealed_after_a_follower_left_midway_gets_its_missing_replica_
 
 /// A recovering writer raises the fence of a replica that holds nothing yet, and the agent's
 /// housekeeping (which drops the local copies of archived data) runs round after round: the
-/// fence holds, and the deposed writer's appends never land on that replica.
+/// fence holds, the deposed writer's appends never land on that replica, and the first one it
+/// refuses ends that writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_on_a_replica_that_holds_nothing_yet_outlives_housekeeping() {
     let cluster = Cluster::start().await;
@@ -1136,29 +1137,23 @@ async fn a_fence_on_a_replica_that_holds_nothing_yet_outlives_housekeeping() {
     })
     .await;
 
-    // The writer (epoch part.epoch) carries on with its other follower.
-    for i in 0..3 {
-        let m = OutMessage { value: Some(format!("m{i}")), ..OutMessage::default() };
-        client.produce("fenced", &[m]).await.expect("produce");
-    }
-    // The fenced replica refuses the appends, so the writer leaves it out: it seals the
-    // segment that holds them with its other follower and rolls. A replica that took them
-    // (its fence lost) would keep the segment open with all three members.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = cluster.state().await.expect("state");
-        let segments = &s.topics["fenced"].partitions[0].segments;
-        if segments.get(&open.base_offset).is_some_and(|seg| seg.last_offset.is_some()) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the segment that took the appends is still open: {segments:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Ensemble repair may then copy that sealed segment to the fenced agent (it is short of a
-    // member); whatever the agent holds is the acknowledged records.
+    // The writer (epoch part.epoch) appends. The fenced replica refuses, which tells the writer
+    // a newer one may hold the partition: it ends, and the partition is taken at a newer epoch
+    // (here by the same agent, no other writer being there). A replica that took the append
+    // (its fence lost) would keep the writer going at its epoch.
+    let m = OutMessage { value: Some("m0".into()), ..OutMessage::default() };
+    // Acknowledged by the writer and its other follower, or refused as the writer ends.
+    let produced = client.produce("fenced", &[m]).await;
+    wait_for("the partition taken at a newer epoch", Duration::from_secs(20), || async {
+        let s = cluster.state().await?;
+        (s.topics["fenced"].partitions[0].epoch > part.epoch).then_some(())
+    })
+    .await;
+    // Whatever the fenced agent holds is the message, copied there by the next writer's
+    // recovery once it was acknowledged.
     let held = silt_tests::held_records_if_any(fenced.url(), "fenced", 0, 0, 100).await;
-    for (r, i) in held.iter().flat_map(|page| &page.records).zip(0..) {
-        assert_eq!(r.value.as_deref(), Some(format!("m{i}").as_bytes()), "{held:?}");
+    for r in held.iter().flat_map(|page| &page.records) {
+        assert_eq!(r.value.as_deref(), Some(&b"m0"[..]), "{held:?} (the produce answered {produced:?})");
     }
 }
 
