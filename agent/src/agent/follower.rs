@@ -75,9 +75,11 @@ impl Agent {
             .ok_or_else(|| {
                 ApiError::from(MetadataError::UnknownPartition { topic: topic.to_string(), partition })
             })?;
-        let running = crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| r.epoch);
-        if let Some(epoch) = running {
-            if epoch >= target.epoch {
+        let running = crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| (r.topic_id, r.epoch));
+        if let Some((topic_id, epoch)) = running {
+            // A writer of a deleted topic of the same name is stopped whatever its epoch: the
+            // epochs of two topics are not comparable.
+            if topic_id == target.topic_id && epoch >= target.epoch {
                 return Err(StoreError::Fenced {
                     topic: topic.into(),
                     partition,

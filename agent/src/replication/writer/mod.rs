@@ -315,6 +315,12 @@ impl PartitionWriter {
                         self.abandon().await;
                         break;
                     }
+                    // A writer deposed on a tick (a follower fenced it) ends now, not at the
+                    // next append.
+                    if let Some(reason) = self.failed.clone() {
+                        self.end_failed(reason, &mut rx, &cancel).await;
+                        break;
+                    }
                     if tick.period() != tick_every(self.config.topic_config.segment_ms) {
                         tick = tokio::time::interval(tick_every(self.config.topic_config.segment_ms));
                         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -346,29 +352,7 @@ impl PartitionWriter {
                 break;
             }
             if let Some(reason) = self.failed.clone() {
-                // Refuse writes for a while, then end: the agent's supervisor starts a new
-                // writer, which recovers the log from disk (never retrying on the same state).
-                error!(%reason, "the partition writer failed; it stops and is restarted from disk");
-                // A log this agent distrusts cannot be restarted here: the partition is handed
-                // to another agent at once.
-                let wait =
-                    if self.log().is_distrusted() { Duration::ZERO } else { FAILED_WRITER_RESTART_AFTER };
-                let until = tokio::time::Instant::now() + wait;
-                loop {
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep_until(until) => break,
-                        r = rx.recv() => match r {
-                            Some(r) => { let _ = r.reply.send(Err(StoreError::Failed(reason.clone()))); }
-                            None => break,
-                        },
-                    }
-                }
-                // The next writer recovers the open segment under a new epoch: its followers may
-                // hold a group this log lost (see `reconcile`).
-                if !cancel.is_cancelled() {
-                    self.abandon().await;
-                }
+                self.end_failed(reason, &mut rx, &cancel).await;
                 break;
             }
         }
@@ -383,6 +367,37 @@ impl PartitionWriter {
         }
         self.close().await;
         info!("partition writer stopped");
+    }
+
+    /// Ends a failed writer: it refuses writes for a while, then abandons the partition so
+    /// that the agent's supervisor starts a new writer, which recovers the log from disk
+    /// (never retrying on the same state).
+    async fn end_failed(
+        &mut self,
+        reason: String,
+        rx: &mut mpsc::Receiver<AppendRequest>,
+        cancel: &CancellationToken,
+    ) {
+        error!(%reason, "the partition writer failed; it stops and is restarted from disk");
+        // A log this agent distrusts cannot be restarted here: the partition is handed to
+        // another agent at once.
+        let wait = if self.log().is_distrusted() { Duration::ZERO } else { FAILED_WRITER_RESTART_AFTER };
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep_until(until) => break,
+                r = rx.recv() => match r {
+                    Some(r) => { let _ = r.reply.send(Err(StoreError::Failed(reason.clone()))); }
+                    None => break,
+                },
+            }
+        }
+        // The next writer recovers the open segment under a new epoch: its followers may hold
+        // a group this log lost (see `reconcile`).
+        if !cancel.is_cancelled() {
+            self.abandon().await;
+        }
     }
 
     async fn process(&mut self, group: Vec<AppendRequest>) {
