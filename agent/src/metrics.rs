@@ -105,6 +105,8 @@ pub struct Metrics {
     /// Partitions this agent handed to another agent because it could not reach the agents
     /// it needed while metadata counted them live.
     pub writer_handoffs: Counter,
+    /// Partitions this agent moved to another agent to balance the writers.
+    pub writer_rebalances: Counter,
     /// Ensemble repairs this agent ran (it held the sealed segment copied), by outcome.
     pub ensemble_repairs: Family<RepairLabels, Counter>,
     /// Disk space the agent's local logs take (`<data_dir>/log`: segments, their indexes and
@@ -154,6 +156,7 @@ impl Metrics {
         let under_replicated_partitions = Gauge::default();
         let housekeeping_rounds = Counter::default();
         let writer_handoffs = Counter::default();
+        let writer_rebalances = Counter::default();
         registry.register(
             "replication_lag_records",
             "Records a follower of the open segment has not acknowledged",
@@ -193,6 +196,11 @@ impl Metrics {
             "writer_handoffs",
             "Partitions handed to another agent because live agents did not answer this one",
             writer_handoffs.clone(),
+        );
+        registry.register(
+            "writer_rebalances",
+            "Partitions this agent moved to another agent to balance the writers (it stopped writing each before the move)",
+            writer_rebalances.clone(),
         );
         registry.register("partitions_written", "Partitions this agent writes", partitions_written.clone());
         registry.register_with_unit(
@@ -271,6 +279,7 @@ impl Metrics {
             under_replicated_partitions,
             housekeeping_rounds,
             writer_handoffs,
+            writer_rebalances,
             ensemble_repairs,
         }
     }

@@ -908,3 +908,110 @@ async fn a_writer_whose_seal_metadata_refuses_for_good_ends_and_the_next_one_tak
     check(&read_all(cluster.agent(&writer)).await, &acked);
     cluster.stop().await;
 }
+
+fn counter(agent: &Agent, name: &str) -> u64 {
+    let prefix = format!("silt_agent_{name}_total ");
+    agent.metrics().encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
+}
+
+/// The writer and epoch of each partition of the topic, as metadata has them.
+async fn writers(cluster: &Cluster) -> Vec<(Option<String>, u64)> {
+    cluster
+        .metadata
+        .read(|s| s.topics[TOPIC].partitions.iter().map(|p| (p.writer.clone(), p.epoch)).collect())
+        .await
+        .expect("metadata read")
+}
+
+/// Produces message `i` to `partition` through `agent` until it is acknowledged; its offset.
+async fn produce_to(agent: &Agent, partition: u32, i: usize) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let m = ProduceMessage { partition: Some(partition), ..message(i) };
+    loop {
+        match agent.produce(TOPIC, vec![m.clone()]).await {
+            Ok(ids) => return ids[0].offset,
+            Err(e) => assert!(Instant::now() < deadline, "message {i} not acknowledged within 30 s: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A rebalance moves a partition only when its writer moves it: one whose copy of metadata
+/// lags (its reads lost, its heartbeats through, so its lease holds) keeps its partitions
+/// however long a move is due, and never answers with an end another writer went past. Once
+/// its copy is current it stops the partition's writer and moves the partition itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
+    let mut cluster = Cluster::start_with(true).await;
+    // agent-0 alone is live when the topic is created: it writes both partitions.
+    cluster.stop_agent("agent-1").await;
+    cluster.stop_agent("agent-2").await;
+    cluster.agents[0].create_topic(TOPIC, 2, BTreeMap::new()).await.expect("create topic");
+    cluster.restart("agent-1", false).await;
+    cluster.restart("agent-2", false).await;
+    let registered = Instant::now();
+    let old = cluster.agent("agent-0");
+    for p in 0..2 {
+        produce_to(old, p, p as usize).await;
+    }
+    let before = writers(&cluster).await;
+    assert!(before.iter().all(|(w, _)| w.as_deref() == Some("agent-0")), "{before:?}");
+    // The others are settled (and a move due) three leases after they registered: agent-0's
+    // copy stops before then.
+    cluster.metadata_links["agent-0"].set(LinkState::ReadsLost);
+    assert!(registered.elapsed() < cluster.lease * 3, "the copy was cut too late for this test");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.metadata.read(|s| s.rebalance_due()).await.expect("metadata read").is_none() {
+        assert!(Instant::now() < deadline, "no rebalance due within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each of the others runs its housekeeping (which moved partitions it did not write,
+    // when a rebalance was due) a few times over: nothing moves.
+    let rounds = |a: &Agent| counter(a, "housekeeping_rounds");
+    let start: Vec<u64> = cluster.agents[1..].iter().map(rounds).collect();
+    while cluster.agents[1..].iter().zip(&start).any(|(a, s)| rounds(a) < s + 4) {
+        assert!(Instant::now() < deadline, "the agents' housekeeping stalled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(writers(&cluster).await, before, "a partition moved off a writer whose copy lags");
+    let mut acked: HashMap<u64, usize> = HashMap::new();
+    acked.insert(produce_to(cluster.agent("agent-0"), 0, 10).await, 10);
+    // With its copy current again, agent-0 moves one partition itself.
+    cluster.metadata_links["agent-0"].set(LinkState::Up);
+    let moved = loop {
+        let now = writers(&cluster).await;
+        if let Some(p) = now.iter().position(|(w, _)| w.as_deref() != Some("agent-0")) {
+            break p as u32;
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "agent-0 moved nothing: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let after = writers(&cluster).await;
+    let (to, epoch) = after[moved as usize].clone();
+    let to = to.expect("a writer");
+    assert_eq!(epoch, before[moved as usize].1 + 1, "moved under a new epoch");
+    assert_eq!(counter(cluster.agent("agent-0"), "writer_rebalances"), 1);
+    // The new writer takes on from the end; agent-0 answers for the partition no more.
+    let mut last = 0;
+    for i in 20..25 {
+        last = produce_to(cluster.agent(&to), moved, i).await;
+    }
+    for _ in 0..5 {
+        match cluster.agent("agent-0").read(TOPIC, moved, 0, ReadLimit::new(1000, 1 << 20), false).await {
+            Ok((_, _, hwm)) => {
+                assert!(hwm > last, "agent-0 answered hwm {hwm}; offset {last} was acknowledged")
+            }
+            Err(e) => assert!(
+                matches!(
+                    e.code,
+                    silt_agent::error::ErrorCode::NotWriter | silt_agent::error::ErrorCode::Unavailable
+                ),
+                "agent-0 refused a read of {TOPIC}/{moved} with {e}"
+            ),
+        }
+    }
+    if moved == 0 {
+        check(&read_all(cluster.agent(&to)).await, &acked);
+    }
+    cluster.stop().await;
+}

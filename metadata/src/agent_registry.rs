@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{check_name, MetadataState, Response, SegmentState};
+use crate::state::{check_name, MetadataState, Partition, Response, SegmentState};
 use crate::MetadataError;
 
 /// Shortest lease an agent may ask for.
@@ -250,20 +250,19 @@ impl MetadataState {
         Ok(Response::Ok)
     }
 
-    pub(crate) fn hand_off_writer(
-        &mut self,
+    /// `topic/partition` (of topic `topic_id`, if given), if `agent` writes it under `epoch`.
+    fn written_by(
+        &self,
         topic: &str,
+        topic_id: Option<u64>,
         partition: u32,
         agent: &str,
         epoch: u64,
-        avoid: &[String],
-        now_ms: u64,
-    ) -> Result<Response, MetadataError> {
-        // The clock moves only when the command applies: a refused one changes nothing.
-        let now = self.clock_ms.max(now_ms);
+    ) -> Result<&Partition, MetadataError> {
         let p = self
             .topics
             .get(topic)
+            .filter(|t| topic_id.is_none_or(|id| t.id == id))
             .ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?
             .partitions
             .get(partition as usize)
@@ -277,6 +276,21 @@ impl MetadataState {
                 p.writer.as_deref().unwrap_or("none")
             )));
         }
+        Ok(p)
+    }
+
+    pub(crate) fn hand_off_writer(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        agent: &str,
+        epoch: u64,
+        avoid: &[String],
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        // The clock moves only when the command applies: a refused one changes nothing.
+        let now = self.clock_ms.max(now_ms);
+        let p = self.written_by(topic, None, partition, agent, epoch)?;
         let members: Vec<&String> = p.open_segment().map(|o| o.ensemble.iter().collect()).unwrap_or_default();
         // Agents the proposer cannot reach either are passed over, unless it reaches none (it
         // is the one cut off).
@@ -426,8 +440,51 @@ impl MetadataState {
         first
     }
 
+    /// Moves `topic/partition` off `agent`, its writer under `epoch`, to the agent
+    /// [`rebalance_due`](Self::rebalance_due) names, if that is the move due at `now_ms` (or
+    /// one of the same agent to the same receiver): a writer change like any other, under a
+    /// new epoch. Refused, changing nothing, when the partition has another writer or epoch
+    /// or no move off `agent` is due any more (the agent then starts writing it again).
+    pub(crate) fn move_writer(
+        &mut self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        agent: &str,
+        epoch: u64,
+        now_ms: u64,
+    ) -> Result<Response, MetadataError> {
+        self.written_by(topic, Some(topic_id), partition, agent, epoch)?;
+        // Decided on the clock the command would move the state to; a refusal leaves it.
+        let clock = self.clock_ms;
+        self.advance_clock(now_ms);
+        let due = self.rebalance_due();
+        let to = match due {
+            Some((due_topic, due_partition, to))
+                if self.topics[&due_topic].partitions[due_partition as usize].writer.as_deref()
+                    == Some(agent) =>
+            {
+                to
+            }
+            _ => {
+                self.clock_ms = clock;
+                return Err(MetadataError::InvalidArgument(format!(
+                    "no rebalance moves a partition off '{agent}' now; it keeps {topic}/{partition}"
+                )));
+            }
+        };
+        let now = self.clock_ms;
+        let p = self.partition_mut(topic, partition)?;
+        p.writer = Some(to.clone());
+        p.epoch += 1;
+        let epoch = p.epoch;
+        self.last_rebalance_ms = now;
+        Ok(Response::Writer { agent: to, epoch })
+    }
+
     /// Makes the move [`rebalance_due`](Self::rebalance_due) calls for, if any, as a writer
     /// change like any other: the epoch is bumped and the new writer recovers the open segment.
+    /// Applied for `RebalanceWriters`, which agents no longer propose.
     pub(crate) fn rebalance_writers(&mut self) {
         let Some((topic, partition, to)) = self.rebalance_due() else { return };
         let now = self.clock_ms;
@@ -553,15 +610,28 @@ mod tests {
         let count = |s: &MetadataState, agent: &str| {
             s.topics["t"].partitions.iter().filter(|p| p.writer.as_deref() == Some(agent)).count()
         };
-        // Heartbeats move nothing; agents propose a rebalance when their copy shows one is due.
+        // Heartbeats move nothing; a writer moves a partition when its copy shows a move off
+        // it is due.
         let beat = |s: &mut MetadataState, now: u64| {
             assert_eq!(heartbeat(s, "a", a, now), Response::Ok);
             assert_eq!(heartbeat(s, "b", b, now), Response::Ok);
-            let due = s.rebalance_due();
-            let before = s.clone();
-            assert_eq!(s.apply(&Command::RebalanceWriters { now_ms: now }), Response::Ok);
-            if due.is_none() {
-                assert_eq!(*s, before, "at {now}: nothing due, nothing moves");
+            match s.rebalance_due() {
+                Some((_, p, to)) => {
+                    let r = move_writer(s, p, "a", now);
+                    assert_eq!(
+                        r,
+                        Response::Writer { agent: to, epoch: s.topics["t"].partitions[p as usize].epoch }
+                    );
+                }
+                None => {
+                    let before = s.clone();
+                    let r = move_writer(s, 0, "a", now);
+                    assert!(
+                        matches!(r, Response::Error { error: MetadataError::InvalidArgument(_) }),
+                        "{r:?}"
+                    );
+                    assert_eq!(*s, before, "at {now}: nothing due, nothing moves");
+                }
             }
         };
         // b has not been registered for three of its leases (1 s each): nothing moves.
@@ -616,13 +686,84 @@ mod tests {
         let step = |s: &mut MetadataState, now: u64| {
             heartbeat(s, "a", a, now);
             heartbeat(s, "b", b, now);
-            s.apply(&Command::RebalanceWriters { now_ms: now });
+            if let Some((_, p, _)) = s.rebalance_due() {
+                move_writer(s, p, "a", now);
+            }
             writers(s, "t").iter().filter(|(w, _)| w.as_deref() == Some("b")).count()
         };
         for now in (500..10_100).step_by(500) {
             assert_eq!(step(&mut s, now), 0, "at {now}: b handed partitions over at 100");
         }
         assert_eq!(step(&mut s, 10_100), 1);
+    }
+
+    /// `agent` moves `t/partition` away to balance the writers, at the partition's epoch.
+    fn move_writer(s: &mut MetadataState, partition: u32, agent: &str, now_ms: u64) -> Response {
+        let t = &s.topics["t"];
+        let cmd = Command::MoveWriter {
+            topic: "t".into(),
+            topic_id: t.id,
+            partition,
+            agent: agent.into(),
+            epoch: t.partitions[partition as usize].epoch,
+            now_ms,
+        };
+        s.apply(&cmd)
+    }
+
+    /// a writes the 4 partitions of t; b, registered at 100 (leases of 1 s), is settled at
+    /// 3100, when a move from a to b is due. Returns the state and a's and b's incarnations.
+    fn a_move_due_at_3100() -> (MetadataState, u64, u64) {
+        let mut s = MetadataState::default();
+        let a = register(&mut s, "a", 0);
+        create(&mut s, "t", 4, 0);
+        let b = register(&mut s, "b", 100);
+        for now in [500, 1000, 1500, 2000, 2500, 3000, 3100] {
+            heartbeat(&mut s, "a", a, now);
+            heartbeat(&mut s, "b", b, now);
+        }
+        (s, a, b)
+    }
+
+    #[test]
+    fn only_the_writer_moves_a_partition_to_balance_and_only_while_a_move_off_it_is_due() {
+        let (mut s, a, b) = a_move_due_at_3100();
+        assert_eq!(s.rebalance_due(), Some(("t".into(), 0, "b".into())));
+        let unchanged = |s: &mut MetadataState, cmd: Command, what: &str| {
+            let before = s.clone();
+            let r = s.apply(&cmd);
+            assert!(matches!(r, Response::Error { .. }), "{what}: {r:?}");
+            assert_eq!(*s, before, "{what}: a refused move changes nothing");
+        };
+        let cmd = |topic_id: u64, partition: u32, agent: &str, epoch: u64| Command::MoveWriter {
+            topic: "t".into(),
+            topic_id,
+            partition,
+            agent: agent.into(),
+            epoch,
+            now_ms: 3100,
+        };
+        let id = s.topics["t"].id;
+        // Another agent cannot move a's partition, nor can a move it at an old epoch or of
+        // another topic of the same name.
+        unchanged(&mut s, cmd(id, 0, "b", 1), "not the writer");
+        unchanged(&mut s, cmd(id, 0, "a", 0), "an old epoch");
+        unchanged(&mut s, cmd(id + 1, 0, "a", 1), "another topic id");
+        unchanged(&mut s, cmd(id, 9, "a", 1), "no such partition");
+        // The writer moves any of its partitions (not only the one the copy named first).
+        assert_eq!(s.apply(&cmd(id, 2, "a", 1)), Response::Writer { agent: "b".into(), epoch: 2 });
+        assert_eq!(writers(&s, "t")[2], (Some("b".into()), 2));
+        // The next move is due three leases later: a proposal now is refused.
+        heartbeat(&mut s, "a", a, 3200);
+        heartbeat(&mut s, "b", b, 3200);
+        unchanged(&mut s, cmd(id, 0, "a", 1), "a move no longer due");
+    }
+
+    #[test]
+    fn a_rebalance_command_in_a_log_written_earlier_is_applied_as_before() {
+        let (mut s, _, _) = a_move_due_at_3100();
+        assert_eq!(s.apply(&Command::RebalanceWriters { now_ms: 3100 }), Response::Ok);
+        assert_eq!(writers(&s, "t")[0], (Some("b".into()), 2));
     }
 
     fn hand_off(s: &mut MetadataState, agent: &str, epoch: u64, now_ms: u64) -> Response {

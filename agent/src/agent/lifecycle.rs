@@ -40,6 +40,7 @@ impl Agent {
                 replicas: Mutex::new(HashMap::new()),
                 start_failures: Mutex::new(HashMap::new()),
                 rebalance_proposed: Mutex::new(None),
+                moving: Mutex::new(HashMap::new()),
                 probed: Mutex::new(HashMap::new()),
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 repair_failures: Mutex::new(HashMap::new()),

@@ -355,8 +355,12 @@ struct Inner {
     start_failures: Mutex<HashMap<PartitionKey, StartFailure>>,
     /// Agents found unreachable that were asked lately whether they answer again, and when.
     probed: Mutex<HashMap<String, Instant>>,
-    /// When this agent last proposed `RebalanceWriters`.
+    /// When this agent last moved a partition away towards balance (`MoveWriter`).
     rebalance_proposed: Mutex<Option<Instant>>,
+    /// Partitions this agent stopped writing to move them away towards balance, with the
+    /// epoch it wrote them under and until when no writer starts for them at that epoch
+    /// (while the move is proposed, and until this agent's copy shows its outcome).
+    moving: Mutex<HashMap<PartitionKey, (u64, Instant)>>,
     /// Identifies this agent's data directory to metadata (see `Command::RegisterAgent`).
     instance: String,
     /// This process's registration: `RegisterAgent` gave it this incarnation.

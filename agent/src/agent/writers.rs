@@ -79,12 +79,24 @@ impl Agent {
         self.inner.metrics.housekeeping_rounds.inc();
     }
 
-    /// Asks metadata to move a partition towards balance when this agent's copy of the state
-    /// shows a move is due (`MetadataState::rebalance_due`), at most once per lease. Metadata
-    /// decides again on the state it has when it applies the command.
+    /// Moves a partition this agent writes to another agent when this agent's copy of the
+    /// state shows a rebalance off it is due (`MetadataState::rebalance_due`), at most once
+    /// per lease: it stops the partition's writer first, so that no read is answered with its
+    /// end from then on, then asks metadata to move it (`MoveWriter`), which decides again on
+    /// the state it has. Only a partition's writer moves it away to balance the writers: one
+    /// cut off from metadata keeps its partitions until its lease lapses, and stops answering
+    /// for them before that (see [`Agent::lease_held`]), so no client reads an end of a
+    /// partition another writer has gone past.
     pub(super) async fn propose_rebalance(&self) {
-        if self.inner.cancel.is_cancelled() || self.inner.metadata.read_local(|s| s.rebalance_due()).is_none()
-        {
+        let me = self.inner.config.agent_id.clone();
+        let due = self.inner.metadata.read_local(|s| {
+            let (topic, partition, _) = s.rebalance_due()?;
+            let t = &s.topics[&topic];
+            let p = &t.partitions[partition as usize];
+            (p.writer.as_deref() == Some(me.as_str())).then_some((topic.clone(), t.id, partition, p.epoch))
+        });
+        let Some((topic, topic_id, partition, epoch)) = due else { return };
+        if self.inner.cancel.is_cancelled() || !self.lease_held() {
             return;
         }
         {
@@ -94,9 +106,50 @@ impl Agent {
             }
             *proposed = Some(Instant::now());
         }
-        if let Err(e) = self.inner.metadata.write(Command::RebalanceWriters { now_ms: self.now_ms() }).await {
-            warn!(error = %e, "proposing to rebalance the partition writers failed; trying again after a lease");
+        let key = PartitionKey::new(&topic, partition);
+        let hold = |until: Duration| {
+            lock(&self.inner.moving).insert(key.clone(), (epoch, Instant::now() + until));
+        };
+        // No writer starts for it at this epoch while the move is under way.
+        hold(self.inner.config.lease);
+        self.stop_writer(&topic, partition).await;
+        let cmd = Command::MoveWriter {
+            topic: topic.clone(),
+            topic_id,
+            partition,
+            agent: me,
+            epoch,
+            now_ms: self.now_ms(),
+        };
+        match self.inner.metadata.write(cmd).await {
+            Ok(Response::Writer { agent, epoch }) => {
+                info!(topic, partition, to = %agent, epoch, "moved the partition to another agent to balance the writers");
+                self.inner.metrics.writer_rebalances.inc();
+            }
+            Ok(other) => {
+                warn!(topic, partition, answer = ?other, "moving the partition to another agent got an unexpected answer; writing it again");
+                lock(&self.inner.moving).remove(&key);
+            }
+            // Refused: the partition is this agent's again, and its writer starts (at a new
+            // epoch, as after any stop).
+            Err(e) if !e.is_retryable() => {
+                info!(topic, partition, reason = %e, "metadata kept the partition here; writing it again");
+                lock(&self.inner.moving).remove(&key);
+            }
+            // The move may have been applied (an answer lost): the copy tells within the hold,
+            // and a writer started after it claims a new epoch from metadata, which refuses it
+            // if the partition moved.
+            Err(e) => {
+                warn!(topic, partition, error = %e, "moving the partition to another agent may have failed; it is written here again once this agent's copy of metadata shows it stayed");
+            }
         }
+    }
+
+    /// Whether a writer of `key` at `epoch` may not start now: this agent is moving it away.
+    fn moving_away(&self, key: &PartitionKey, epoch: u64) -> bool {
+        let mut moving = lock(&self.inner.moving);
+        moving.retain(|_, (_, until)| Instant::now() < *until);
+        moving.get(key).is_some_and(|(e, _)| *e == epoch)
     }
 
     /// Hands over the partitions whose writer has not run for a whole lease (it failed to
@@ -305,6 +358,12 @@ impl Agent {
         };
         // No writer starts (and recovers the open segment) on a lease that may have lapsed.
         self.lease_check(topic, partition)?;
+        if self.moving_away(&key, epoch) {
+            return Err(ApiError::unavailable(format!(
+                "agent '{}' is moving {topic}/{partition} to another agent to balance the writers; retry",
+                self.id()
+            )));
+        }
         let t = self.topic_local(topic)?;
         if self.inner.cancel.is_cancelled() {
             return Err(ApiError::unavailable("the agent is shutting down"));

@@ -340,8 +340,28 @@ pub enum Command {
         now_ms: u64,
     },
     /// Move one partition towards balance (see `MetadataState::rebalance_writers`), if one is
-    /// due. Agents propose it when their copy of the state shows one is.
+    /// due, whichever agent writes it. Agents no longer propose it (they propose
+    /// [`Command::MoveWriter`] for a partition they write); it is applied as before so that a
+    /// log holding it replays to the same state.
     RebalanceWriters {
+        /// Proposer's clock.
+        now_ms: u64,
+    },
+    /// The writer of a partition moves it towards balance: to the agent
+    /// `MetadataState::rebalance_due` names, when a move off this agent is still due. Only
+    /// the writer proposes it, having stopped serving the partition: a writer cut off from
+    /// metadata is never moved under it by a rebalance.
+    MoveWriter {
+        /// Topic name.
+        topic: String,
+        /// The topic's id; a topic re-created under the same name is refused.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The agent moving the partition away; must be its writer.
+        agent: String,
+        /// The partition's epoch the agent wrote under; must be the current one.
+        epoch: u64,
         /// Proposer's clock.
         now_ms: u64,
     },
@@ -411,6 +431,7 @@ impl Command {
             | Command::DeregisterAgent { now_ms, .. }
             | Command::HandOffWriter { now_ms, .. }
             | Command::RebalanceWriters { now_ms }
+            | Command::MoveWriter { now_ms, .. }
             | Command::CreateTopic { now_ms, .. }
             | Command::JoinGroup { now_ms, .. } => *now_ms = now,
             _ => {}

@@ -399,6 +399,9 @@ impl MetadataState {
                 self.rebalance_writers();
                 Ok(Response::Ok)
             }
+            Command::MoveWriter { topic, topic_id, partition, agent, epoch, now_ms } => {
+                self.move_writer(topic, *topic_id, *partition, agent, *epoch, *now_ms)
+            }
         }
     }
 
