@@ -947,9 +947,9 @@ async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
     cluster.stop_agent("agent-1").await;
     cluster.stop_agent("agent-2").await;
     cluster.agents[0].create_topic(TOPIC, 2, BTreeMap::new()).await.expect("create topic");
+    let registered = Instant::now();
     cluster.restart("agent-1", false).await;
     cluster.restart("agent-2", false).await;
-    let registered = Instant::now();
     let old = cluster.agent("agent-0");
     for p in 0..2 {
         produce_to(old, p, p as usize).await;
@@ -990,6 +990,11 @@ async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
     let (to, epoch) = after[moved as usize].clone();
     let to = to.expect("a writer");
     assert_eq!(epoch, before[moved as usize].1 + 1, "moved under a new epoch");
+    // Counted once agent-0's copy includes the move.
+    while counter(cluster.agent("agent-0"), "writer_rebalances") == 0 {
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "agent-0 did not count its move");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(counter(cluster.agent("agent-0"), "writer_rebalances"), 1);
     // The new writer takes on from the end; agent-0 answers for the partition no more.
     let mut last = 0;

@@ -54,6 +54,7 @@ async fn seal_first_segment(m: &MetadataNode, count: u64) {
         .await
         .expect("create");
     m.write(Command::ClaimWriter {
+        topic_id: None,
         topic: "t".into(),
         partition: 0,
         agent: "a".into(),

@@ -443,8 +443,9 @@ impl MetadataState {
     /// Moves `topic/partition` off `agent`, its writer under `epoch`, to the agent
     /// [`rebalance_due`](Self::rebalance_due) names, if that is the move due at `now_ms` (or
     /// one of the same agent to the same receiver): a writer change like any other, under a
-    /// new epoch. Refused, changing nothing, when the partition has another writer or epoch
-    /// or no move off `agent` is due any more (the agent then starts writing it again).
+    /// new epoch. Refused, changing nothing, when the partition has another writer or epoch,
+    /// a segment open under that epoch (its writer did not stop, or started again), or no
+    /// move off `agent` is due any more (the agent then starts writing it again).
     pub(crate) fn move_writer(
         &mut self,
         topic: &str,
@@ -454,7 +455,15 @@ impl MetadataState {
         epoch: u64,
         now_ms: u64,
     ) -> Result<Response, MetadataError> {
-        self.written_by(topic, Some(topic_id), partition, agent, epoch)?;
+        let p = self.written_by(topic, Some(topic_id), partition, agent, epoch)?;
+        // A segment open under this epoch is the writer's: it has not stopped, or it started
+        // again at this epoch (it opens a segment before it serves anything), and a move now
+        // would go on under it.
+        if p.open_segment().is_some_and(|o| o.epoch == epoch) {
+            return Err(MetadataError::InvalidArgument(format!(
+                "{topic}/{partition} has a segment open under epoch {epoch}: its writer on '{agent}' has not stopped; it keeps the partition"
+            )));
+        }
         // Decided on the clock the command would move the state to; a refusal leaves it.
         let clock = self.clock_ms;
         self.advance_clock(now_ms);
@@ -617,6 +626,7 @@ mod tests {
             assert_eq!(heartbeat(s, "b", b, now), Response::Ok);
             match s.rebalance_due() {
                 Some((_, p, to)) => {
+                    stop_writer(s, p, now);
                     let r = move_writer(s, p, "a", now);
                     assert_eq!(
                         r,
@@ -625,7 +635,9 @@ mod tests {
                 }
                 None => {
                     let before = s.clone();
-                    let r = move_writer(s, 0, "a", now);
+                    let mine =
+                        writers(s, "t").iter().position(|(w, _)| w.as_deref() == Some("a")).unwrap() as u32;
+                    let r = move_writer(s, mine, "a", now);
                     assert!(
                         matches!(r, Response::Error { error: MetadataError::InvalidArgument(_) }),
                         "{r:?}"
@@ -687,6 +699,7 @@ mod tests {
             heartbeat(s, "a", a, now);
             heartbeat(s, "b", b, now);
             if let Some((_, p, _)) = s.rebalance_due() {
+                stop_writer(s, p, now);
                 move_writer(s, p, "a", now);
             }
             writers(s, "t").iter().filter(|(w, _)| w.as_deref() == Some("b")).count()
@@ -695,6 +708,28 @@ mod tests {
             assert_eq!(step(&mut s, now), 0, "at {now}: b handed partitions over at 100");
         }
         assert_eq!(step(&mut s, 10_100), 1);
+    }
+
+    /// What a writer's stop leaves in metadata: no segment open under its epoch (an empty one
+    /// is removed).
+    fn stop_writer(s: &mut MetadataState, partition: u32, now_ms: u64) {
+        let p = &s.topics["t"].partitions[partition as usize];
+        let Some(open) = p.open_segment().filter(|o| o.epoch == p.epoch) else { return };
+        let seal = Command::SealSegment {
+            unverified: Vec::new(),
+            replicas: None,
+            topic: "t".into(),
+            topic_id: None,
+            partition,
+            epoch: p.epoch,
+            base_offset: open.base_offset,
+            record_count: 0,
+            size_bytes: 0,
+            min_timestamp_ms: None,
+            max_timestamp_ms: None,
+            now_ms,
+        };
+        assert_eq!(s.apply(&seal), Response::Ok);
     }
 
     /// `agent` moves `t/partition` away to balance the writers, at the partition's epoch.
@@ -741,7 +776,7 @@ mod tests {
             partition,
             agent: agent.into(),
             epoch,
-            now_ms: 3100,
+            now_ms: 3150,
         };
         let id = s.topics["t"].id;
         // Another agent cannot move a's partition, nor can a move it at an old epoch or of
@@ -750,13 +785,23 @@ mod tests {
         unchanged(&mut s, cmd(id, 0, "a", 0), "an old epoch");
         unchanged(&mut s, cmd(id + 1, 0, "a", 1), "another topic id");
         unchanged(&mut s, cmd(id, 9, "a", 1), "no such partition");
+        // A segment open under the writer's epoch: the writer has not stopped (or started
+        // again at that epoch), and keeps the partition.
+        open_segment(&mut s, "t", 1, &["a", "b"]);
+        unchanged(&mut s, cmd(id, 1, "a", 1), "a segment open under the writer's epoch");
         // The writer moves any of its partitions (not only the one the copy named first).
         assert_eq!(s.apply(&cmd(id, 2, "a", 1)), Response::Writer { agent: "b".into(), epoch: 2 });
         assert_eq!(writers(&s, "t")[2], (Some("b".into()), 2));
-        // The next move is due three leases later: a proposal now is refused.
-        heartbeat(&mut s, "a", a, 3200);
-        heartbeat(&mut s, "b", b, 3200);
-        unchanged(&mut s, cmd(id, 0, "a", 1), "a move no longer due");
+        // The next move is due three leases later: a proposal now is refused, and leaves the
+        // clock where it was though it carries a later one.
+        heartbeat(&mut s, "a", a, 3100);
+        heartbeat(&mut s, "b", b, 3100);
+        assert_eq!(s.clock_ms, 3150);
+        let mut later = cmd(id, 0, "a", 1);
+        if let Command::MoveWriter { now_ms, .. } = &mut later {
+            *now_ms = 3400;
+        }
+        unchanged(&mut s, later, "a move no longer due");
     }
 
     #[test]

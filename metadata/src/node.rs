@@ -342,6 +342,9 @@ impl MetadataNode {
     /// still be applied later, so commands should be safe to retry (epochs and expected values
     /// make them so).
     pub async fn write(&self, mut cmd: Command) -> Result<Response, MetadataError> {
+        if let Some(why) = cmd.refused_at_proposal() {
+            return Err(MetadataError::InvalidArgument(why));
+        }
         cmd.stamp_clock(self.lease_clock_ms());
         let written =
             tokio::time::timeout(self.request_timeout, self.raft.client_write(cmd)).await.map_err(|_| {
@@ -365,6 +368,9 @@ impl MetadataNode {
     /// answers it only for entries it never appended or cut from the log, and a committed entry
     /// is never cut.
     pub(crate) async fn propose(&self, mut cmd: Command, timeout: Duration) -> Result<Response, LeaderError> {
+        if let Some(why) = cmd.refused_at_proposal() {
+            return Ok(Response::Error { error: MetadataError::InvalidArgument(why) });
+        }
         cmd.stamp_clock(self.lease_clock_ms());
         match tokio::time::timeout(timeout, self.raft.client_write(cmd)).await {
             Err(_) => Err(LeaderError::Unknown(format!(
@@ -743,6 +749,7 @@ mod tests {
         assert!(changes.has_changed().unwrap(), "applying a write ticks the change channel");
         let epoch = node
             .write(Command::ClaimWriter {
+                topic_id: None,
                 topic: "orders".into(),
                 partition: 1,
                 agent: "agent-a".into(),
@@ -781,6 +788,22 @@ mod tests {
 
         let err = MetadataNode::open(dir.path(), 2, addr()).await.unwrap_err();
         assert!(err.to_string().contains("does not include node 2"), "{err}");
+    }
+
+    /// An older agent's `RebalanceWriters` (which moved partitions it did not write) is refused
+    /// before it reaches the log; the state is unchanged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rebalance_proposed_by_an_older_agent_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = MetadataNode::open(dir.path(), 1, addr()).await.unwrap();
+        node.write(create_topic("orders", 3)).await.unwrap();
+        let before = node.read(|s| s.clone()).await.unwrap();
+        let r = node.write(Command::RebalanceWriters { now_ms: 1_000 }).await;
+        assert!(matches!(&r, Err(MetadataError::InvalidArgument(m)) if m.contains("MoveWriter")), "{r:?}");
+        let r = node.propose(Command::RebalanceWriters { now_ms: 1_000 }, Duration::from_secs(5)).await;
+        assert!(matches!(r, Ok(Response::Error { error: MetadataError::InvalidArgument(_) })), "{r:?}");
+        assert_eq!(node.read(|s| s.clone()).await.unwrap(), before);
+        node.shutdown().await;
     }
 
     fn log_bytes(dir: &Path) -> (usize, u64) {

@@ -266,6 +266,7 @@ async fn cluster_a_paused_leader_steps_down_and_its_late_write_is_applied_at_mos
     // A write sent to the paused node sits in its socket until it resumes.
     let late_url = cluster.node(old).url();
     let claim = Command::ClaimWriter {
+        topic_id: None,
         topic: "fenced".into(),
         partition: 0,
         agent: "late".into(),
@@ -315,6 +316,7 @@ async fn cluster_a_paused_leader_steps_down_and_its_late_write_is_applied_at_mos
     // Whatever happened, the claim can be made exactly once more with a compare-and-set.
     let epoch = partition.epoch;
     let again = Command::ClaimWriter {
+        topic_id: None,
         topic: "fenced".into(),
         partition: 0,
         agent: "next".into(),

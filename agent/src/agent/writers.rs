@@ -130,15 +130,15 @@ impl Agent {
                 warn!(topic, partition, answer = ?other, "moving the partition to another agent got an unexpected answer; writing it again");
                 lock(&self.inner.moving).remove(&key);
             }
-            // Refused: the partition is this agent's again, and its writer starts (at a new
-            // epoch, as after any stop).
+            // Refused: the partition is this agent's again, and its writer starts.
             Err(e) if !e.is_retryable() => {
                 info!(topic, partition, reason = %e, "metadata kept the partition here; writing it again");
                 lock(&self.inner.moving).remove(&key);
             }
-            // The move may have been applied (an answer lost): the copy tells within the hold,
-            // and a writer started after it claims a new epoch from metadata, which refuses it
-            // if the partition moved.
+            // The move may have been applied (an answer lost): the copy tells within the hold.
+            // A writer started here after it opens a segment under this epoch before it serves
+            // anything: metadata refuses that if the partition moved, and refuses the move
+            // once that segment is open.
             Err(e) => {
                 warn!(topic, partition, error = %e, "moving the partition to another agent may have failed; it is written here again once this agent's copy of metadata shows it stayed");
             }

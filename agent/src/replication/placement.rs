@@ -248,7 +248,16 @@ mod tests {
             let (name, topic) = (topic.to_string(), topic.to_string());
             apply(s, Command::CreateTopic { name, partitions: 1, config, now_ms });
             let (agent, expected_epoch) = (writer.to_string(), None);
-            apply(s, Command::ClaimWriter { topic: topic.clone(), partition: 0, agent, expected_epoch });
+            apply(
+                s,
+                Command::ClaimWriter {
+                    topic_id: None,
+                    topic: topic.clone(),
+                    partition: 0,
+                    agent,
+                    expected_epoch,
+                },
+            );
             let epoch = s.topics[&topic].partitions[0].epoch;
             let topic_id = Some(s.topics[&topic].id);
             let instances = ensemble.iter().map(|a| s.agents[*a].instance.clone()).collect();

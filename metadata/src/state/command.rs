@@ -47,6 +47,10 @@ pub enum Command {
     ClaimWriter {
         /// Topic name.
         topic: String,
+        /// If set, the claim is refused unless the topic has this id (a topic re-created under
+        /// the same name is another topic).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
         /// The agent that becomes writer.
@@ -419,6 +423,20 @@ pub enum Response {
 }
 
 impl Command {
+    /// Why a metadata node refuses to propose this command, if it does: `RebalanceWriters`,
+    /// which moved a partition under a writer that may not know it (an older agent's), is
+    /// applied when a log holds it but no longer accepted.
+    pub fn refused_at_proposal(&self) -> Option<String> {
+        match self {
+            Command::RebalanceWriters { .. } => Some(
+                "RebalanceWriters is no longer accepted: a partition's writer moves it itself \
+                 (MoveWriter); upgrade the agent that sent it"
+                    .into(),
+            ),
+            _ => None,
+        }
+    }
+
     /// Replaces the proposer's clock with `now_ms` (the metadata leader's) in the commands
     /// whose clock decides something: leases (agents), topic creation (which names writers by
     /// lease) and group membership (session timeouts). Agents' clocks may disagree; the

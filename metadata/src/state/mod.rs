@@ -268,7 +268,8 @@ impl MetadataState {
                 self.restore_topic(name, *id, *partitions, config, *config_version, *created_ms)
             }
             Command::ReserveTopicIds { below } => self.reserve_topic_ids(*below),
-            Command::ClaimWriter { topic, partition, agent, expected_epoch } => {
+            Command::ClaimWriter { topic, topic_id, partition, agent, expected_epoch } => {
+                self.check_topic_id(topic, *topic_id)?;
                 self.claim_writer(topic, *partition, agent, *expected_epoch)
             }
             Command::OpenSegment {

@@ -98,8 +98,13 @@ fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
     let old_id = s.topics["t"].id;
     assert_eq!(s.apply(&Command::DeleteTopic { name: "t".into(), topic_id: None }), Response::Ok);
     create(&mut s, "t", 1);
-    let claim =
-        Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "b".into(), expected_epoch: None };
+    let claim = Command::ClaimWriter {
+        topic_id: None,
+        topic: "t".into(),
+        partition: 0,
+        agent: "b".into(),
+        expected_epoch: None,
+    };
     assert!(matches!(s.apply(&claim), Response::Epoch { epoch: 1 }));
     let open = |topic_id| Command::OpenSegment {
         topic: "t".into(),
@@ -113,6 +118,18 @@ fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
     };
     assert!(matches!(s.apply(&open(Some(old_id))), Response::Error { .. }));
     assert_eq!(s.apply(&open(Some(s.topics["t"].id))), Response::Ok);
+    // A writer of the old topic taking a new epoch (at the epoch it wrote under, 1 as the new
+    // one's) does not take the new topic's partition.
+    let before = s.clone();
+    let claim_old = Command::ClaimWriter {
+        topic_id: Some(old_id),
+        topic: "t".into(),
+        partition: 0,
+        agent: "a".into(),
+        expected_epoch: Some(1),
+    };
+    assert!(matches!(s.apply(&claim_old), Response::Error { .. }));
+    assert_eq!(s, before);
     let before = s.clone();
     let seal = Command::SealSegment {
         unverified: Vec::new(),
@@ -180,8 +197,13 @@ fn open_on_three(config: &[(&str, &str)]) -> MetadataState {
         config: config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         now_ms: 1,
     });
-    let claim =
-        Command::ClaimWriter { topic: "t".into(), partition: 0, agent: "a".into(), expected_epoch: None };
+    let claim = Command::ClaimWriter {
+        topic_id: None,
+        topic: "t".into(),
+        partition: 0,
+        agent: "a".into(),
+        expected_epoch: None,
+    };
     assert_eq!(s.apply(&claim), Response::Epoch { epoch: 1 });
     let open = Command::OpenSegment {
         topic: "t".into(),
@@ -479,6 +501,7 @@ fn segments_follow_epochs_and_offsets() {
     create(&mut s, "t", 1);
     let claim = |s: &mut MetadataState| {
         s.apply(&Command::ClaimWriter {
+            topic_id: None,
             topic: "t".into(),
             partition: 0,
             agent: "a".into(),
@@ -685,6 +708,7 @@ fn archive_delete_and_restore_segments() {
     let mut s = MetadataState::default();
     create(&mut s, "t", 2);
     s.apply(&Command::ClaimWriter {
+        topic_id: None,
         topic: "t".into(),
         partition: 0,
         agent: "a".into(),

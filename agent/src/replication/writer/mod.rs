@@ -536,11 +536,11 @@ impl PartitionWriter {
     async fn abandon(&mut self) {
         self.ensemble = None;
         if !self.topic_is_current().await {
-            // The claim names the topic, not its id: it would take a partition of another topic.
             info!("the topic was deleted; no new epoch to take");
             return;
         }
         let claim = Command::ClaimWriter {
+            topic_id: Some(self.config.topic_id),
             topic: self.config.topic.clone(),
             partition: self.config.partition,
             agent: self.config.agent_id.clone(),
