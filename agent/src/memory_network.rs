@@ -343,6 +343,22 @@ impl Peer for MemoryPeers {
         .await
     }
 
+    async fn replica_held(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError> {
+        let (topic, target) = (topic.to_string(), target.clone());
+        self.send(
+            to,
+            REPLICA_TIMEOUT,
+            move |a| async move { a.replica_held(&topic, partition, target).await },
+        )
+        .await
+    }
+
     async fn replica_batches(
         &self,
         to: (&str, &str),

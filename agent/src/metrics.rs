@@ -109,6 +109,8 @@ pub struct Metrics {
     pub writer_rebalances: Counter,
     /// Ensemble repairs this agent ran (it held the sealed segment copied), by outcome.
     pub ensemble_repairs: Family<RepairLabels, Counter>,
+    /// Offsets this agent declared lost (written, never acknowledged, on no disk left), by topic.
+    pub declared_lost_offsets: Family<TopicLabels, Counter>,
     /// Disk space the agent's local logs take (`<data_dir>/log`: segments, their indexes and
     /// the zeros open segments keep ahead of their data), as allocated by the filesystem.
     pub local_log_bytes: Gauge,
@@ -144,6 +146,7 @@ impl Metrics {
         let dead_lettered = Family::<TopicLabels, Counter>::default();
         let forwarded = Family::<ForwardLabels, Counter>::default();
         let ensemble_repairs = Family::<RepairLabels, Counter>::default();
+        let declared_lost_offsets = Family::<TopicLabels, Counter>::default();
         let partitions_written = Gauge::default();
         let local_log_bytes = Gauge::default();
         let disk_free_bytes = Gauge::default();
@@ -191,6 +194,11 @@ impl Metrics {
             "ensemble_repairs",
             "Sealed segments this agent had copied to another agent, by outcome: replaced (a member was gone), added (sealed short of members), failed",
             ensemble_repairs.clone(),
+        );
+        registry.register(
+            "declared_lost_offsets",
+            "Offsets this agent declared lost: written but never acknowledged, on no disk left (every holder's disk was replaced); reads step over them",
+            declared_lost_offsets.clone(),
         );
         registry.register(
             "writer_handoffs",
@@ -281,6 +289,7 @@ impl Metrics {
             writer_handoffs,
             writer_rebalances,
             ensemble_repairs,
+            declared_lost_offsets,
         }
     }
 

@@ -75,6 +75,7 @@ async fn seal_first_segment(m: &MetadataNode, count: u64) {
     .await
     .expect("open");
     m.write(Command::SealSegment {
+        record_witnesses_needed: false,
         unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),

@@ -716,6 +716,7 @@ mod tests {
         let p = &s.topics["t"].partitions[partition as usize];
         let Some(open) = p.open_segment().filter(|o| o.epoch == p.epoch) else { return };
         let seal = Command::SealSegment {
+            record_witnesses_needed: false,
             unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
@@ -946,6 +947,7 @@ mod tests {
         let b = register(&mut s, "b", 500);
         heartbeat(&mut s, "b", b, 1001);
         let r = s.apply(&Command::SealSegment {
+            record_witnesses_needed: false,
             unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
@@ -1002,6 +1004,7 @@ mod tests {
         heartbeat.stamp_clock(1_000);
         assert_eq!(heartbeat, Command::AgentHeartbeat { agent: "a".into(), incarnation: 1, now_ms: 1_000 });
         let mut seal = Command::SealSegment {
+            record_witnesses_needed: false,
             unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),

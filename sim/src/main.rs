@@ -49,8 +49,9 @@ struct Args {
     /// skip-fence, trim-without-epoch-check, reuse-offset-after-crash, serve-past-watermark.
     #[arg(long, value_name = "NAME", value_parser = parse_bug)]
     bug: Option<String>,
-    /// Also replaces the disk of a writer that lost power (at most one per run): a fault
-    /// under which Silt still has open defects (see docs/reliability.md), off by default.
+    /// Also replaces the disk of a writer that lost power (at most one per run). Off by
+    /// default, so that a seed draws the same schedule as before it existed; scripts/test.sh
+    /// runs a short schedule with it (see docs/reliability.md).
     #[arg(long)]
     disk_loss: bool,
     /// With --seeds: how many seeds run at once.

@@ -71,8 +71,10 @@ pub fn locate(partition: &Partition, offset: u64) -> Location {
         None => location_of(segment),
         Some(last) if offset <= last => location_of(segment),
         Some(_) => match partition.segments.range(offset..).next() {
-            // A gap in the chain (never produced by metadata, but never served either).
+            // A gap in the chain: offsets declared lost (`Partition::lost_ranges`).
             Some((next_base, _)) => Location::Gone { earliest: *next_base },
+            // Lost offsets at the end of the chain: the next segment starts after them.
+            None if offset < partition.empty_end => Location::Gone { earliest: partition.empty_end },
             None => Location::Future,
         },
     }
@@ -115,6 +117,7 @@ mod tests {
             object_key: (state == SegmentState::Archived).then(|| format!("p/{base}.parquet")),
             object_bytes: if state == SegmentState::Archived { 1000 + base } else { 0 },
             archived_ms: None,
+            witnesses_needed: None,
         }
     }
 
@@ -124,6 +127,7 @@ mod tests {
             epoch: 1,
             segments: segments.into_iter().map(|s| (s.base_offset, s)).collect(),
             empty_end: 0,
+            lost_ranges: Vec::new(),
         }
     }
 
@@ -171,6 +175,14 @@ mod tests {
             segment(8, Some(9), SegmentState::Sealed, Some(1)),
         ]);
         assert_eq!(locate(&gap, 5), Location::Gone { earliest: 8 });
+
+        // Offsets 5..8 declared lost at the chain's end: stepped over to where it goes on.
+        let mut lost_tail = partition(vec![segment(0, Some(4), SegmentState::Sealed, Some(1))]);
+        lost_tail.empty_end = 8;
+        assert_eq!(locate(&lost_tail, 4), Location::Hot { base_offset: 0 });
+        assert_eq!(locate(&lost_tail, 5), Location::Gone { earliest: 8 });
+        assert_eq!(locate(&lost_tail, 7), Location::Gone { earliest: 8 });
+        assert_eq!(locate(&lost_tail, 8), Location::Future);
     }
 
     #[test]

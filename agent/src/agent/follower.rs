@@ -329,6 +329,76 @@ impl Agent {
         .await
     }
 
+    /// What this agent holds of a sealed segment, asked by an agent that is to declare a range
+    /// of it lost (`Command::DeclareLost`): changes nothing here. Refused while this agent
+    /// runs the writer that wrote the segment (it may hold acknowledged batches it has not
+    /// published yet), and when it cannot tell (a local log of the partition that is not
+    /// open): an answer that it holds less than it does could lose acknowledged messages.
+    pub async fn replica_held(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError> {
+        let known = self.with_partition(topic, partition, |p| {
+            p.segments.get(&target.segment).map(|s| (s.state, s.epoch))
+        });
+        let topic_id = self.inner.metadata.read_local(|s| s.topics.get(topic).map(|t| t.id));
+        if topic_id != Some(target.topic_id)
+            || known.flatten() != Some((silt_metadata::state::SegmentState::Sealed, target.segment_epoch))
+        {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "{topic}/{partition} has no sealed segment at offset {} opened under epoch {} as this agent's metadata shows it",
+                    target.segment, target.segment_epoch
+                ),
+            ));
+        }
+        let key = PartitionKey::new(topic, partition);
+        let writing = crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| (r.topic_id, r.epoch));
+        if writing.is_some_and(|(id, epoch)| id == target.topic_id && epoch <= target.segment_epoch) {
+            return Err(ApiError::unavailable(format!(
+                "this agent still runs the writer of {topic}/{partition} that wrote segment {}",
+                target.segment
+            )));
+        }
+        let instance = self.inner.instance.clone();
+        let (segment, segment_epoch) = (target.segment, target.segment_epoch);
+        let nothing = HeldSegment {
+            base_offset: segment,
+            end_offset: segment,
+            instance: instance.clone(),
+            ..Default::default()
+        };
+        let Some(reader) = self.local_reader_of(topic, partition, target.topic_id) else {
+            // No log open: one with no records is not opened at start. What its directory
+            // holds tells, as long as it has no segment file at that offset (one that does is
+            // read only through an open log, which checks its epoch and cuts a torn tail).
+            let dir = self.topic_dir(topic, target.topic_id).join(partition.to_string());
+            if !dir.exists() {
+                return Ok(nothing);
+            }
+            let held = silt_metadata::runtime::spawn_blocking(move || {
+                crate::log::partition_log::segment_ranges_held(&dir)
+            })
+            .await
+            .map_err(|e| ApiError::unavailable(format!("listing a log panicked: {e}")))??;
+            if held.iter().any(|(base, end)| *base == segment && *end > segment) {
+                return Err(ApiError::unavailable(format!(
+                    "this agent's local log of {topic}/{partition} is not open; it cannot tell what it holds of segment {segment}"
+                )));
+            }
+            return Ok(nothing);
+        };
+        silt_metadata::runtime::spawn_blocking(move || {
+            HeldSegment::of_reader(&reader, segment, segment_epoch, &instance)
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))?
+        .map_err(ApiError::from)
+    }
+
     /// Whole batches of a segment this agent holds, from `from` on, as stored (up to
     /// [`REPLICA_READ_BYTES_MAX`]); a recovering writer copies a tail with them.
     pub async fn replica_batches(

@@ -290,7 +290,7 @@ impl Agent {
                                 room = false;
                                 release(&self.inner.cursors, &key, offset);
                             }
-                            None => {}
+                            None => self.forget_if_gone(&key, offset),
                         }
                     }
                     Expired::DeadLetter { offset, deliveries } => {
@@ -331,6 +331,22 @@ impl Agent {
         Ok(out)
     }
 
+    /// A message in flight whose offset no longer exists (deleted by retention, or declared
+    /// lost: `Location::Gone`) is done with: nothing is left to deliver or dead-letter, and
+    /// kept in flight it would hold the group's checkpoint back for good.
+    fn forget_if_gone(&self, key: &CursorKey, offset: u64) {
+        let gone = self
+            .with_partition(&key.1, key.2, |part| matches!(locate(part, offset), Location::Gone { .. }))
+            .unwrap_or(false);
+        if !gone {
+            return;
+        }
+        if let Some(c) = lock(&self.inner.cursors).get_mut(key) {
+            c.ack(offset);
+            info!(group = %key.0, topic = %key.1, partition = key.2, offset, "a message in flight is gone from the partition (deleted or declared lost); the group is done with it");
+        }
+    }
+
     async fn read_one(&self, topic: &str, partition: u32, offset: u64) -> Result<Option<Record>, ApiError> {
         let (records, _, _) = self.read(topic, partition, offset, ReadLimit::new(1, 1), true).await?;
         Ok(records.into_iter().find(|r| r.offset == offset))
@@ -354,6 +370,7 @@ impl Agent {
                 }
             }
             let Some(record) = self.read_one(&topic.name, partition, offset).await? else {
+                self.forget_if_gone(&(req.group.clone(), topic.name.clone(), partition), offset);
                 return Ok(());
             };
             let id = MessageId::new(topic.name.clone(), partition, offset);

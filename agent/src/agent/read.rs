@@ -279,6 +279,14 @@ impl Agent {
                     full = page.fill(got, &limit);
                     continue;
                 }
+                // Offsets deleted by retention, or declared lost: the read goes on after them.
+                if let Location::Gone { earliest } = location {
+                    if earliest <= next {
+                        break;
+                    }
+                    page.next = earliest;
+                    continue;
+                }
                 let Some(cold) = &self.inner.cold else { break };
                 match location {
                     Location::Cold { object_key, object_bytes, last_offset, .. } => {
@@ -319,7 +327,6 @@ impl Agent {
                         let at_byte_limit = got.len() < rest.records && last < last_offset;
                         full = page.fill(got, &limit) || at_byte_limit || page.rest(&limit).is_spent();
                     }
-                    Location::Gone { earliest } if earliest > next => page.next = earliest,
                     _ => break,
                 }
             }
@@ -431,6 +438,27 @@ impl Agent {
     }
 
     /// The local log of a partition: its writer's here, or a retired one.
+    /// The read half of this agent's local log of a partition of the topic with id `topic_id`
+    /// (not of a deleted topic of the same name), if one is open.
+    pub(super) fn local_reader_of(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: u64,
+    ) -> Option<Arc<PartitionReader>> {
+        let key = PartitionKey::new(topic, partition);
+        let running = crate::sync::read_lock(&self.inner.partitions)
+            .get(&key)
+            .filter(|r| r.topic_id == topic_id)
+            .map(|r| Arc::clone(r.handle.reader()));
+        running.or_else(|| {
+            crate::sync::read_lock(&self.inner.retired)
+                .get(&key)
+                .filter(|(id, _)| *id == topic_id)
+                .map(|(_, r)| Arc::clone(r))
+        })
+    }
+
     pub(super) fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
         let key = PartitionKey::new(topic, partition);
         let running =

@@ -21,7 +21,10 @@ impl Agent {
         if self.inner.repairing.load(O::Relaxed) {
             return;
         }
-        let Some(repair) = self.repair_candidate() else { return };
+        let Some(repair) = self.repair_candidate() else {
+            self.start_lost_range_check();
+            return;
+        };
         self.inner.repairing.store(true, O::Relaxed);
         let agent = self.clone();
         tokio::spawn(async move {
@@ -89,6 +92,138 @@ impl Agent {
             }
             agent.inner.repairing.store(false, O::Relaxed);
         });
+    }
+
+    /// Of the sealed segments whose holders all lost their disks and whose first live
+    /// unverified member is this agent, asks the unverified members what they hold of one,
+    /// and declares the range none of them holds lost when enough of them lack it to show it
+    /// was never acknowledged (`Command::DeclareLost`); the members holding the rest become its
+    /// holders. Without it, reads of the partition would stop at the first offset no disk
+    /// holds. Runs in place of a repair.
+    fn start_lost_range_check(&self) {
+        use std::sync::atomic::Ordering as O;
+        let me = self.inner.config.agent_id.clone();
+        let failures = {
+            let mut failures = lock(&self.inner.repair_failures);
+            let now = Instant::now();
+            failures.retain(|_, until| *until > now);
+            failures.clone()
+        };
+        let failed_lately = |topic: &str, partition: u32, segment: u64| {
+            failures.contains_key(&(topic.to_string(), partition, segment, me.clone()))
+        };
+        let Some(check) = self
+            .inner
+            .metadata
+            .read_local(|s| crate::replication::placement::lost_range_candidate(s, &me, failed_lately))
+        else {
+            return;
+        };
+        self.inner.repairing.store(true, O::Relaxed);
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let c = &check;
+            let result = agent.check_lost_range(c).await;
+            match &result {
+                Ok(Some((from, end))) if from < end => {
+                    agent
+                        .inner
+                        .metrics
+                        .declared_lost_offsets
+                        .get_or_create(&Metrics::topic(&c.topic))
+                        .inc_by(end - from);
+                    error!(topic = %c.topic, partition = c.partition, segment = c.segment, from, end,
+                    "offsets were on disks that are gone and were never acknowledged: declared lost; reads step over them")
+                }
+                Ok(Some(_)) => info!(topic = %c.topic, partition = c.partition, segment = c.segment,
+                    "an unverified member holds the whole segment, whose holders' disks are gone: it holds it now"),
+                Ok(None) | Err(_) => {
+                    if let Err(e) = &result {
+                        warn!(topic = %c.topic, partition = c.partition, segment = c.segment, error = %e.message,
+                        "checking a segment whose holders' disks are gone failed; will retry");
+                    }
+                    lock(&agent.inner.repair_failures).insert(
+                        (c.topic.clone(), c.partition, c.segment, me.clone()),
+                        Instant::now() + REPAIR_RETRY_AFTER,
+                    );
+                }
+            }
+            agent.inner.repairing.store(false, O::Relaxed);
+        });
+    }
+
+    /// Asks the witnesses of `c` (every live unverified member on the disk recorded for it)
+    /// what they hold, and proposes what that shows once all of them answered. Returns the
+    /// range declared (`from == end`: none, a witness holds it all), or `None` when the
+    /// answers show nothing yet.
+    async fn check_lost_range(
+        &self,
+        c: &crate::replication::placement::LostRangeCheck,
+    ) -> Result<Option<(u64, u64)>, ApiError> {
+        let target = ReplicaTarget {
+            topic_id: c.topic_id,
+            epoch: 0,
+            segment: c.segment,
+            segment_epoch: c.segment_epoch,
+        };
+        let me = self.inner.config.agent_id.as_str();
+        let asked = c.witnesses.iter().map(|(agent, addr, recorded)| {
+            let target = target.clone();
+            async move {
+                let held = if agent == me {
+                    self.replica_held(&c.topic, c.partition, target).await
+                } else {
+                    self.inner.peers.replica_held((agent, addr), &c.topic, c.partition, &target).await
+                };
+                (agent.clone(), recorded.clone(), held)
+            }
+        });
+        let mut answers: Vec<(String, String, u64)> = Vec::new();
+        let mut sizes: Vec<(u64, u64)> = Vec::new();
+        for (agent, recorded, held) in futures::future::join_all(asked).await {
+            match held {
+                // One whose disk was replaced since answers for another: it holds nothing.
+                Ok(h) if h.instance == recorded => {
+                    sizes.push((h.end_offset, h.size_bytes));
+                    answers.push((agent, h.instance, h.end_offset));
+                }
+                Ok(_) => {}
+                // Every live witness answers, or nothing is declared: the range declared lost
+                // ends where the longest copy among them all ends, so no agent serves an offset
+                // in it from a copy of its own (the partition's writer may be one of them).
+                Err(e) => {
+                    debug!(agent, error = %e.message, "a witness of a lost range did not answer");
+                    return Ok(None);
+                }
+            }
+        }
+        let Some((from, witnesses)) =
+            crate::replication::placement::lost_range_declaration(c.end, c.needed, &answers)
+        else {
+            return Ok(None);
+        };
+        // The bytes of a witness holding up to `from`: the segment's size from now on.
+        let size_bytes = sizes.iter().find(|(end, _)| (*end).min(c.end) == from).map_or(0, |(_, size)| *size);
+        let command = Command::DeclareLost {
+            topic: c.topic.clone(),
+            topic_id: c.topic_id,
+            partition: c.partition,
+            base_offset: c.segment,
+            segment_epoch: c.segment_epoch,
+            end: c.end,
+            from,
+            size_bytes,
+            witnesses: witnesses
+                .into_iter()
+                .map(|(agent, instance, held_end)| silt_metadata::state::Witness {
+                    agent,
+                    instance,
+                    held_end,
+                })
+                .collect(),
+        };
+        self.inner.metadata.write(command).await?;
+        Ok(Some((from, c.end)))
     }
 
     fn repair_candidate(&self) -> Option<Repair> {

@@ -19,6 +19,7 @@ impl Agent {
                 writer: None,
                 epoch: p.epoch,
                 empty_end: p.empty_end,
+                lost_ranges: Vec::new(),
                 segments: p
                     .segments
                     .range(..=start)

@@ -107,11 +107,8 @@ impl Agent {
             *proposed = Some(Instant::now());
         }
         let key = PartitionKey::new(&topic, partition);
-        let hold = |until: Duration| {
-            lock(&self.inner.moving).insert(key.clone(), (epoch, Instant::now() + until));
-        };
         // No writer starts for it at this epoch while the move is under way.
-        hold(self.inner.config.lease);
+        lock(&self.inner.moving).insert(key.clone(), (epoch, Instant::now() + self.inner.config.lease));
         self.stop_writer(&topic, partition).await;
         let cmd = Command::MoveWriter {
             topic: topic.clone(),
@@ -130,6 +127,12 @@ impl Agent {
                 warn!(topic, partition, answer = ?other, "moving the partition to another agent got an unexpected answer; writing it again");
                 lock(&self.inner.moving).remove(&key);
             }
+            // Another epoch is current: the partition moved already (a lease lapsed, or this
+            // move was applied and its answer lost). The hold stays: no writer starts here
+            // at the old epoch on a copy that does not show it yet.
+            Err(e @ silt_metadata::MetadataError::Fenced { .. }) => {
+                info!(topic, partition, reason = %e, "the partition has a newer writer already");
+            }
             // Refused: the partition is this agent's again, and its writer starts.
             Err(e) if !e.is_retryable() => {
                 info!(topic, partition, reason = %e, "metadata kept the partition here; writing it again");
@@ -140,7 +143,7 @@ impl Agent {
             // anything: metadata refuses that if the partition moved, and refuses the move
             // once that segment is open.
             Err(e) => {
-                warn!(topic, partition, error = %e, "moving the partition to another agent may have failed; it is written here again once this agent's copy of metadata shows it stayed");
+                warn!(topic, partition, error = %e, "moving the partition to another agent may have failed; unless this agent's copy of metadata shows it moved, it is written here again after a lease");
             }
         }
     }

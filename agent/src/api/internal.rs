@@ -92,6 +92,16 @@ pub(super) async fn replica_fence(
     Ok(Json(agent.replica_fence(&topic, partition, p.target()).await?))
 }
 
+/// An agent asks what a replica holds of a sealed segment (to declare a range of it lost).
+pub(super) async fn replica_held(
+    State(agent): State<Agent>,
+    Path((topic, partition)): Path<(String, u32)>,
+    params: Result<Query<ReplicaQuery>, QueryRejection>,
+) -> ApiResult<Json<crate::log::replica::HeldSegment>> {
+    let p = query(params)?;
+    Ok(Json(agent.replica_held(&topic, partition, p.target()).await?))
+}
+
 /// A recovering writer copies a segment's tail from a replica: whole batches as stored.
 pub(super) async fn replica_batches(
     State(agent): State<Agent>,

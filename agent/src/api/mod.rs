@@ -52,6 +52,7 @@ pub fn router(agent: Agent) -> Router {
         .route("/internal/v1/replicas/{topic}/{partition}/append", post(internal::replica_append))
         .route("/internal/v1/replicas/{topic}/{partition}/fence", post(internal::replica_fence))
         .route("/internal/v1/replicas/{topic}/{partition}/batches", get(internal::replica_batches))
+        .route("/internal/v1/replicas/{topic}/{partition}/held", get(internal::replica_held))
         .route("/internal/v1/replicas/{topic}/{partition}/repair", post(internal::replica_repair))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(REQUEST_BYTES_MAX))

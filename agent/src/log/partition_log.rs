@@ -470,6 +470,13 @@ impl PartitionReader {
             .collect()
     }
 
+    /// The local segment starting at `base`, if there is one: one past its last readable
+    /// offset, and its readable bytes.
+    pub fn segment_extent(&self, base: u64) -> Option<(u64, u64)> {
+        let state = crate::sync::read_lock(&self.state);
+        state.segments.iter().find(|v| v.base_offset == base).map(|v| (v.end_offset, v.size_bytes))
+    }
+
     /// Whether a read at `offset` is answered from this log: it lies in a local segment, or
     /// at or past the log's end. Offsets below the log start or in a gap between segments are
     /// held elsewhere (other replicas, or the archive).

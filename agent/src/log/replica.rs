@@ -100,6 +100,36 @@ impl HeldSegment {
     }
 }
 
+impl HeldSegment {
+    /// What a log's read half holds of the segment at `base` written under `segment_epoch`,
+    /// without the log itself (it may be a writer's): the local segment starting there, if its
+    /// first batch carries that epoch. Timestamps are left out.
+    pub fn of_reader(
+        reader: &PartitionReader,
+        base: u64,
+        segment_epoch: u64,
+        instance: &str,
+    ) -> Result<Self, StoreError> {
+        let mut held = HeldSegment {
+            base_offset: base,
+            end_offset: base,
+            instance: instance.into(),
+            ..Default::default()
+        };
+        let Some((end, size_bytes)) = reader.segment_extent(base).filter(|(end, _)| *end > base) else {
+            return Ok(held);
+        };
+        let first = reader.read(base, 1)?.batches.into_iter().next();
+        if first.is_some_and(|b| {
+            b.base_offset() == base && i64::from(b.partition_leader_epoch()) == segment_epoch as i64
+        }) {
+            held.end_offset = end;
+            held.size_bytes = size_bytes;
+        }
+        Ok(held)
+    }
+}
+
 /// Brings a local log in line with metadata before it is served or written: a segment that
 /// metadata sealed shorter is cut back to the sealed end, and a segment that is not the one
 /// metadata knows at its offset (another epoch wrote it, or it was never recorded) is cut to
@@ -304,6 +334,7 @@ mod tests {
                     object_key: None,
                     object_bytes: 0,
                     archived_ms: None,
+                    witnesses_needed: None,
                 },
             );
         }

@@ -82,6 +82,7 @@ mod tests {
             object_key: None,
             object_bytes: 0,
             archived_ms: None,
+            witnesses_needed: None,
         }
     }
 
@@ -98,6 +99,7 @@ mod tests {
             epoch: 3,
             segments: segments.into_iter().map(|s| (s.base_offset, s)).collect(),
             empty_end: 0,
+            lost_ranges: Vec::new(),
         }
     }
 

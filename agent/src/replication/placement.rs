@@ -133,6 +133,98 @@ pub(crate) fn repair_candidate(
     None
 }
 
+/// A sealed segment whose holders all lost their disks, and the unverified members that may
+/// show that the part of it they lack was never acknowledged (`Command::DeclareLost`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LostRangeCheck {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub segment: u64,
+    pub segment_epoch: u64,
+    /// One past the segment's last offset.
+    pub end: u64,
+    /// The live unverified members on the disks recorded for them: (agent, address, instance).
+    pub witnesses: Vec<(String, String, String)>,
+    /// How many must lack an offset to show it was never acknowledged.
+    pub needed: usize,
+}
+
+/// The first sealed segment, judged at the state's clock, whose holders all lost their disks
+/// (each registered again with another instance, or forgotten) and whose first live unverified
+/// member on the disk recorded for it is `me`, unless `failed_lately(topic, partition,
+/// segment)`. A holder that is only away is waited for: it may come back with the segment.
+pub(crate) fn lost_range_candidate(
+    s: &MetadataState,
+    me: &str,
+    failed_lately: impl Fn(&str, u32, u64) -> bool,
+) -> Option<LostRangeCheck> {
+    let now = s.clock_ms;
+    for t in s.topics.values() {
+        for (p, part) in t.partitions.iter().enumerate() {
+            for seg in part.segments.values().filter(|seg| seg.state == SegmentState::Sealed) {
+                let (Some(needed), Some(last)) = (seg.witnesses_needed, seg.last_offset) else { continue };
+                if seg.unverified.is_empty() || seg.instances.len() != seg.ensemble.len() {
+                    continue;
+                }
+                let all_lost = seg.ensemble.iter().zip(&seg.instances).all(|(a, recorded)| {
+                    !recorded.is_empty() && s.agents.get(a).is_none_or(|info| info.instance != *recorded)
+                });
+                if !all_lost {
+                    continue;
+                }
+                let witnesses: Vec<(String, String, String)> = seg
+                    .unverified
+                    .iter()
+                    .zip(&seg.unverified_instances)
+                    .filter_map(|(a, recorded)| {
+                        let info = s.agents.get(a)?;
+                        (!recorded.is_empty() && info.instance == *recorded && info.is_live(now))
+                            .then(|| (a.clone(), info.addr.clone(), recorded.clone()))
+                    })
+                    .collect();
+                if witnesses.first().map(|(a, _, _)| a.as_str()) != Some(me)
+                    || failed_lately(&t.name, p as u32, seg.base_offset)
+                {
+                    continue;
+                }
+                return Some(LostRangeCheck {
+                    topic: t.name.clone(),
+                    topic_id: t.id,
+                    partition: p as u32,
+                    segment: seg.base_offset,
+                    segment_epoch: seg.epoch,
+                    end: last + 1,
+                    witnesses,
+                    needed: needed as usize,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// A witness's answer: the agent, the instance it answered from, where its copy ends.
+pub(crate) type WitnessAnswer = (String, String, u64);
+
+/// What to declare of a segment ending at `end`, from what the witnesses answered (agent,
+/// the instance it answered from, where its copy ends), those on another disk than the one
+/// recorded already left out: where the segment ends from now on (the longest copy a witness
+/// holds), and the witnesses; `None` when that shows nothing (the longest copy is shorter,
+/// and fewer than `needed` lack the rest).
+pub(crate) fn lost_range_declaration(
+    end: u64,
+    needed: usize,
+    answers: &[WitnessAnswer],
+) -> Option<(u64, Vec<WitnessAnswer>)> {
+    let from = answers.iter().map(|(_, _, held)| (*held).min(end)).max()?;
+    if from < end && answers.len() < needed {
+        return None;
+    }
+    let witnesses = answers.iter().map(|(a, i, held)| (a.clone(), i.clone(), (*held).min(end))).collect();
+    Some((from, witnesses))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +335,19 @@ mod tests {
         }
 
         fn sealed(s: &mut MetadataState, topic: &str, r: u32, ensemble: &[&str], writer: &str) {
+            sealed_naming(s, topic, r, ensemble, writer, None, &[]);
+        }
+
+        /// [`sealed`], the seal (a recovery's) naming `holders` and `unverified` members.
+        fn sealed_naming(
+            s: &mut MetadataState,
+            topic: &str,
+            r: u32,
+            ensemble: &[&str],
+            writer: &str,
+            holders: Option<&[&str]>,
+            unverified: &[&str],
+        ) {
             let now_ms = s.clock_ms;
             let config = [("replication.factor".to_string(), r.to_string())].into();
             let (name, topic) = (topic.to_string(), topic.to_string());
@@ -278,8 +383,9 @@ mod tests {
             apply(
                 s,
                 Command::SealSegment {
-                    unverified: Vec::new(),
-                    replicas: None,
+                    record_witnesses_needed: true,
+                    unverified: unverified.iter().map(|a| a.to_string()).collect(),
+                    replicas: holders.map(|h| h.iter().map(|a| a.to_string()).collect()),
                     topic,
                     topic_id,
                     partition: 0,
@@ -397,6 +503,80 @@ mod tests {
             );
             let s = cluster(2, &["a1", "a2"], "a1");
             assert_eq!(candidate(&s, "a1"), None, "R=2 is met");
+        }
+
+        /// Topic `t` with one segment of ten records opened on a1, a2, a3 (replication factor
+        /// 3, so 2 witnesses are needed) and sealed by a recovery that heard from a1 alone.
+        fn sealed_by_a1_alone() -> MetadataState {
+            let mut s = MetadataState::default();
+            for a in ALL {
+                register(&mut s, a, 1, 1_000);
+            }
+            sealed_naming(&mut s, "t", 3, &["a1", "a2", "a3"], "a1", Some(&["a1"]), &["a2", "a3"]);
+            s
+        }
+
+        fn lost_check(s: &MetadataState, me: &str) -> Option<super::super::LostRangeCheck> {
+            super::super::lost_range_candidate(s, me, |_, _, _| false)
+        }
+
+        #[test]
+        fn a_range_is_checked_only_once_every_holder_lost_its_disk_by_the_first_live_witness() {
+            let mut s = sealed_by_a1_alone();
+            assert_eq!(lost_check(&s, "a2"), None, "a1, the holder, is on its disk");
+            // a1 is away past its lease and the repair wait: it may come back with the segment.
+            keep_alive(&mut s, &["a2", "a3", "a4", "a5"], 1_000 + LEASE + AFTER + 1);
+            assert_eq!(lost_check(&s, "a2"), None, "a holder only away is waited for");
+            let now = s.clock_ms;
+            register(&mut s, "a1", 2, now);
+            let c = lost_check(&s, "a2").expect("a2, the first unverified member, checks it");
+            assert_eq!((c.topic.as_str(), c.partition, c.segment, c.end, c.needed), ("t", 0, 0, 10, 2));
+            let witnesses: Vec<&str> = c.witnesses.iter().map(|(a, _, _)| a.as_str()).collect();
+            assert_eq!(witnesses, ["a2", "a3"]);
+            assert_eq!(c.witnesses[0].2, "a2-disk1", "the instance recorded for it");
+            for me in ["a1", "a3", "a4"] {
+                assert_eq!(lost_check(&s, me), None, "{me} does not lead");
+            }
+            assert_eq!(super::super::lost_range_candidate(&s, "a2", |_, _, _| true), None, "failed lately");
+            // a2's disk is gone too: it is no witness, and a3 leads with itself alone.
+            let until = s.clock_ms + 2 * LEASE;
+            keep_alive(&mut s, &["a1", "a3", "a4", "a5"], until);
+            let now = s.clock_ms;
+            register(&mut s, "a2", 2, now);
+            let c = lost_check(&s, "a3").expect("a3 leads");
+            assert_eq!(c.witnesses.len(), 1);
+            assert_eq!(lost_check(&s, "a2"), None);
+            // And with a3's disk gone as well, nobody can say what the segment held.
+            let until = s.clock_ms + 2 * LEASE;
+            keep_alive(&mut s, &["a1", "a2", "a4", "a5"], until);
+            let now = s.clock_ms;
+            register(&mut s, "a3", 2, now);
+            for me in ALL {
+                assert_eq!(lost_check(&s, me), None, "{me}");
+            }
+        }
+
+        #[test]
+        fn the_answers_declare_lost_only_what_enough_witnesses_lack() {
+            use super::super::lost_range_declaration as declare;
+            let answer = |a: &str, held: u64| (a.to_string(), format!("{a}-disk1"), held);
+            assert_eq!(declare(10, 2, &[]), None, "no answer");
+            assert_eq!(declare(10, 2, &[answer("a2", 6)]), None, "one of the two needed");
+            assert_eq!(
+                declare(10, 2, &[answer("a2", 6), answer("a3", 4)]),
+                Some((6, vec![answer("a2", 6), answer("a3", 4)])),
+                "6..10 lost: both lack offset 6"
+            );
+            assert_eq!(
+                declare(10, 2, &[answer("a2", 10)]),
+                Some((10, vec![answer("a2", 10)])),
+                "a2 holds it all: nothing is lost, one answer is enough"
+            );
+            assert_eq!(
+                declare(10, 2, &[answer("a2", 12), answer("a3", 0)]),
+                Some((10, vec![answer("a2", 10), answer("a3", 0)])),
+                "a tail past the sealed end is not the segment's"
+            );
         }
     }
 }

@@ -253,6 +253,20 @@ impl Peer for HttpPeers {
         self.send_within(agent, addr, request, REPLICA_TIMEOUT).await
     }
 
+    async fn replica_held(
+        &self,
+        (agent, addr): (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError> {
+        let request = self
+            .http
+            .get(Self::url(addr, &format!("/internal/v1/replicas/{topic}/{partition}/held")))
+            .query(target);
+        self.send_within(agent, addr, request, REPLICA_TIMEOUT).await
+    }
+
     async fn replica_batches(
         &self,
         (agent, addr): (&str, &str),

@@ -120,6 +120,16 @@ pub trait Peer: std::fmt::Debug + Send + Sync + 'static {
         target: &ReplicaTarget,
     ) -> Result<HeldSegment, ApiError>;
 
+    /// What a replica holds of a sealed segment, changing nothing there (a range of it is to
+    /// be declared lost).
+    async fn replica_held(
+        &self,
+        to: (&str, &str),
+        topic: &str,
+        partition: u32,
+        target: &ReplicaTarget,
+    ) -> Result<HeldSegment, ApiError>;
+
     /// Reads whole batches of a replica's segment from `from` on, as stored (recovery copies
     /// a segment's tail with it); empty when the replica holds nothing there.
     async fn replica_batches(

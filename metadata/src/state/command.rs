@@ -90,6 +90,12 @@ pub enum Command {
         /// sealing the segment: they may hold it (see `Segment::unverified`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         unverified: Vec<String>,
+        /// Whether the seal records `Segment::witnesses_needed` (from the ensemble and the
+        /// topic's config as they are when it is applied). Carried by the command, not decided
+        /// by the metadata version that applies it: a seal written by an older agent records
+        /// nothing on every node, whether it replays the log or restores a snapshot.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        record_witnesses_needed: bool,
         /// Topic name.
         topic: String,
         /// If set, the command is refused unless the topic has this id.
@@ -136,6 +142,34 @@ pub enum Command {
         with: String,
         /// The new member's data-directory instance.
         instance: String,
+    },
+    /// Offsets `from..end` of a sealed segment are on no disk left, and were never
+    /// acknowledged: the segment ends at `from` from now on, and the range is recorded as lost
+    /// (reads step over it; no offset in it is written again). Refused unless every holder of
+    /// the segment lost its disk (it registered again with another instance, or is forgotten)
+    /// and the witnesses show the range was never acknowledged: `witnesses_needed` of the
+    /// segment's unverified members, each on the disk recorded for it, hold less than `from`
+    /// (or, with `from == end`, one holds the whole segment and nothing is lost). The
+    /// witnesses holding up to `from` become its holders.
+    DeclareLost {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The segment's base offset; the segment must be sealed.
+        base_offset: u64,
+        /// The epoch the segment was opened under.
+        segment_epoch: u64,
+        /// One past the segment's last offset; must be where it is sealed.
+        end: u64,
+        /// Where the segment ends once the range is declared lost.
+        from: u64,
+        /// Bytes the witnesses holding up to `from` hold.
+        size_bytes: u64,
+        /// What the unverified members answered.
+        witnesses: Vec<super::Witness>,
     },
     /// Ensemble repair: agent `with` now holds a full copy of a sealed segment in place of
     /// `gone` (an agent that is gone, or lost its disk).

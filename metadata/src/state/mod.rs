@@ -86,6 +86,31 @@ pub struct Partition {
     /// after, never below, or offsets would be used twice. 0 for a partition never written.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub empty_end: u64,
+    /// Offsets declared lost (`Command::DeclareLost`): written but never acknowledged, and on
+    /// no disk left. Reads step over them; no offset in them is ever written again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_ranges: Vec<LostRange>,
+}
+
+/// Offsets `from..end` of a partition that were declared lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostRange {
+    /// The first offset lost.
+    pub from: u64,
+    /// One past the last offset lost.
+    pub end: u64,
+}
+
+/// What a member of a sealed segment answered when asked what it holds of it
+/// (`Command::DeclareLost`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Witness {
+    /// The member.
+    pub agent: String,
+    /// The data-directory instance it answered from.
+    pub instance: String,
+    /// One past the last offset of the segment it holds (the segment's base if none).
+    pub held_end: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -165,6 +190,13 @@ pub struct Segment {
     /// (empty if unknown): one whose instance changed since holds nothing of it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unverified_instances: Vec<String>,
+    /// How many members of the ensemble the segment was opened with, each on the disk it had
+    /// then and holding less than an offset, show that the offset was never acknowledged:
+    /// R - W + 1, fixed at the seal (R the members then, W `min.insync.replicas` clamped to
+    /// 1..=R). An acknowledged offset is on W of the R members, so at most R - W lack it.
+    /// `None` when the seal could not tell (no instances recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witnesses_needed: Option<u32>,
     /// Bytes on disk (known once sealed).
     pub size_bytes: u64,
     /// Records in the segment (known once sealed).
@@ -303,6 +335,7 @@ impl MetadataState {
                 max_timestamp_ms,
                 replicas,
                 unverified,
+                record_witnesses_needed,
                 now_ms,
             } => self.seal_segment(
                 topic,
@@ -316,6 +349,7 @@ impl MetadataState {
                 *max_timestamp_ms,
                 replicas.as_deref(),
                 unverified,
+                *record_witnesses_needed,
                 *now_ms,
             ),
             Command::RollSegment { seal, open } => self.roll_segment(seal, open),
@@ -403,6 +437,26 @@ impl MetadataState {
             Command::MoveWriter { topic, topic_id, partition, agent, epoch, now_ms } => {
                 self.move_writer(topic, *topic_id, *partition, agent, *epoch, *now_ms)
             }
+            Command::DeclareLost {
+                topic,
+                topic_id,
+                partition,
+                base_offset,
+                segment_epoch,
+                end,
+                from,
+                size_bytes,
+                witnesses,
+            } => self.declare_lost(
+                topic,
+                *topic_id,
+                *partition,
+                *base_offset,
+                *segment_epoch,
+                (*from, *end),
+                *size_bytes,
+                witnesses,
+            ),
         }
     }
 

@@ -70,9 +70,11 @@ impl MetadataState {
         max_timestamp_ms: Option<i64>,
         replicas: Option<&[String]>,
         unverified: &[String],
+        record_witnesses_needed: bool,
         now_ms: u64,
     ) -> Result<Response, MetadataError> {
         self.check_topic_id(topic, topic_id)?;
+        let write_quorum = self.topics.get(topic).map_or(1, |t| t.config.write_quorum());
         let p = self.partition_mut(topic, partition)?;
         check_epoch(p, epoch)?;
         let segment = match p.segments.get_mut(&base_offset) {
@@ -107,6 +109,10 @@ impl MetadataState {
                 )));
             }
         }
+        // Fixed before the seal names fewer members: the ensemble the segment was written to.
+        let members = segment.ensemble.len();
+        let witnesses_needed = (record_witnesses_needed && members > 0 && segment.instances.len() == members)
+            .then(|| (members + 1 - write_quorum.clamp(1, members)) as u32);
         if let Some(keep) = replicas {
             // The writer names the members that hold the whole segment: a follower
             // that left the ensemble midway holds only part of it.
@@ -136,6 +142,7 @@ impl MetadataState {
             segment.instances =
                 if had_instances { kept.into_iter().map(|(_, i)| i).collect() } else { Vec::new() };
         }
+        segment.witnesses_needed = witnesses_needed;
         segment.last_offset = Some(base_offset + record_count - 1);
         segment.state = SegmentState::Sealed;
         segment.record_count = record_count;
@@ -275,6 +282,119 @@ impl MetadataState {
             seg.instances.push(instance.to_string());
         }
         seg.ensemble.push(with.to_string());
+        Ok(Response::Ok)
+    }
+
+    /// Offsets `from..end` of a sealed segment are lost (see `Command::DeclareLost`).
+    #[allow(clippy::too_many_arguments, reason = "one per field of the command")]
+    pub(super) fn declare_lost(
+        &mut self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        base_offset: u64,
+        segment_epoch: u64,
+        (from, end): (u64, u64),
+        size_bytes: u64,
+        witnesses: &[Witness],
+    ) -> Result<Response, MetadataError> {
+        self.check_topic_id(topic, Some(topic_id))?;
+        let agents = &self.agents;
+        let refused = |why: String| {
+            Err(MetadataError::InvalidArgument(format!(
+                "offsets {from}..{end} of segment {base_offset} of {topic}/{partition} cannot be declared lost: {why}"
+            )))
+        };
+        let t = self.topics.get_mut(topic).ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?;
+        let p = t
+            .partitions
+            .get_mut(partition as usize)
+            .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })?;
+        let Some(seg) = p.segments.get_mut(&base_offset) else {
+            return refused("there is no such segment".into());
+        };
+        if seg.state != SegmentState::Sealed
+            || seg.epoch != segment_epoch
+            || seg.last_offset.map(|l| l + 1) != Some(end)
+        {
+            return refused(format!(
+                "the segment is {:?} under epoch {} ending at {:?}, not sealed under epoch {segment_epoch} ending at {}",
+                seg.state,
+                seg.epoch,
+                seg.last_offset,
+                end.saturating_sub(1)
+            ));
+        }
+        let Some(needed) = seg.witnesses_needed else {
+            return refused("its seal recorded no disk instances to judge witnesses by".into());
+        };
+        if from < base_offset || from > end {
+            return refused("the new end must lie within the segment".into());
+        }
+        // Every holder lost its disk: one that is only away may come back with the range.
+        if seg.instances.len() != seg.ensemble.len() {
+            return refused("its holders' disk instances are not recorded".into());
+        }
+        let still_held = seg.ensemble.iter().zip(&seg.instances).find(|(a, recorded)| {
+            recorded.is_empty() || agents.get(*a).is_some_and(|info| info.instance == **recorded)
+        });
+        if let Some((holder, _)) = still_held {
+            return refused(format!("agent '{holder}' may still hold it on the disk it was written to"));
+        }
+        for (i, w) in witnesses.iter().enumerate() {
+            if witnesses[..i].iter().any(|o| o.agent == w.agent) {
+                return refused(format!("agent '{}' is named twice", w.agent));
+            }
+            let recorded = seg
+                .unverified
+                .iter()
+                .position(|a| *a == w.agent)
+                .and_then(|u| seg.unverified_instances.get(u))
+                .filter(|r| !r.is_empty());
+            if recorded != Some(&w.instance) {
+                return refused(format!(
+                    "agent '{}' is not an unverified member answering from the disk recorded for it",
+                    w.agent
+                ));
+            }
+            if w.held_end < base_offset || w.held_end > from {
+                return refused(format!("agent '{}' holds up to {}, past the new end", w.agent, w.held_end));
+            }
+        }
+        let holders: Vec<&Witness> =
+            witnesses.iter().filter(|w| w.held_end == from && from > base_offset).collect();
+        if from < end && witnesses.len() < needed as usize {
+            return refused(format!(
+                "{} witness(es) lack offset {from}, {needed} must show it was never acknowledged",
+                witnesses.len()
+            ));
+        }
+        if from > base_offset && holders.is_empty() {
+            return refused(format!("no witness holds the segment up to {from}"));
+        }
+        if from == base_offset {
+            // Nothing of it is left: the chain steps over it, as over any gap.
+            p.segments.remove(&base_offset);
+        } else {
+            seg.last_offset = Some(from - 1);
+            seg.record_count = from - base_offset;
+            seg.size_bytes = size_bytes;
+            seg.ensemble = holders.iter().map(|w| w.agent.clone()).collect();
+            seg.instances = holders.iter().map(|w| w.instance.clone()).collect();
+            let (unverified, unverified_instances): (Vec<String>, Vec<String>) = seg
+                .unverified
+                .iter()
+                .zip(&seg.unverified_instances)
+                .filter(|(a, _)| !seg.ensemble.contains(a))
+                .map(|(a, i)| (a.clone(), i.clone()))
+                .unzip();
+            seg.unverified = unverified;
+            seg.unverified_instances = unverified_instances;
+        }
+        if from < end {
+            p.lost_ranges.push(LostRange { from, end });
+            p.empty_end = p.empty_end.max(end);
+        }
         Ok(Response::Ok)
     }
 
@@ -438,6 +558,7 @@ impl MetadataState {
                 object_key: Some(object_key.to_string()),
                 object_bytes,
                 archived_ms: Some(now_ms),
+                witnesses_needed: None,
             },
         );
         Ok(Response::Ok)
@@ -495,6 +616,7 @@ fn new_open_segment(
         object_key: None,
         object_bytes: 0,
         archived_ms: None,
+        witnesses_needed: None,
     }
 }
 

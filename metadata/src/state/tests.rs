@@ -36,6 +36,7 @@ fn offsets_are_archived_when_one_archived_segment_holds_them_or_retention_delete
         object_key: None,
         object_bytes: 0,
         archived_ms: None,
+        witnesses_needed: None,
     };
     let mut p = Partition::default();
     for seg in [
@@ -132,6 +133,7 @@ fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
     assert_eq!(s, before);
     let before = s.clone();
     let seal = Command::SealSegment {
+        record_witnesses_needed: false,
         unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
@@ -227,6 +229,7 @@ fn seal_held_by(replicas: &[&str]) -> Command {
 /// `seal_held_by`, with the members a recovery did not hear from.
 fn seal_unverified(replicas: &[&str], unverified: &[&str]) -> Command {
     Command::SealSegment {
+        record_witnesses_needed: true,
         replicas: Some(replicas.iter().map(|r| r.to_string()).collect()),
         unverified: unverified.iter().map(|r| r.to_string()).collect(),
         topic: "t".into(),
@@ -307,6 +310,7 @@ fn an_empty_open_segment_rolled_to_a_new_ensemble_is_replaced_in_place() {
     // Retention dropped the archived segment: the open one is all the chain holds.
     s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
     let empty_at = |base_offset: u64| Command::SealSegment {
+        record_witnesses_needed: false,
         unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
@@ -351,6 +355,7 @@ fn a_chain_emptied_by_a_seal_of_no_records_keeps_where_the_log_ends() {
     // Retention dropped the archived segment; a clean stop then closes the empty open one.
     s.topics.get_mut("t").unwrap().partitions[0].segments.remove(&0);
     let close = Command::SealSegment {
+        record_witnesses_needed: false,
         unverified: Vec::new(),
         replicas: None,
         topic: "t".into(),
@@ -523,6 +528,7 @@ fn segments_follow_epochs_and_offsets() {
     };
     let seal = |s: &mut MetadataState, epoch, base, count| {
         s.apply(&Command::SealSegment {
+            record_witnesses_needed: false,
             unverified: Vec::new(),
             replicas: None,
             topic: "t".into(),
@@ -728,6 +734,7 @@ fn archive_delete_and_restore_segments() {
         assert_eq!(s.apply(&open), Response::Ok);
         if count > 0 {
             let seal = Command::SealSegment {
+                record_witnesses_needed: false,
                 unverified: Vec::new(),
                 replicas: None,
                 topic: "t".into(),
@@ -841,4 +848,157 @@ proptest! {
             if let Some(first) = cp.acked.first() { prop_assert!(first.0 > cp.floor); }
         }
     }
+}
+
+/// `open_on_three` with a, b and c registered on the disks the segment records, sealed with
+/// a alone holding its 10 records and b and c unverified (the recovery heard from a alone).
+fn sealed_by_a_alone(config: &[(&str, &str)]) -> MetadataState {
+    let mut s = open_on_three(config);
+    assert_eq!(s.apply(&seal_unverified(&["a"], &["b", "c"])), Response::Ok);
+    for a in ["a", "b", "c"] {
+        let register = Command::RegisterAgent {
+            agent: a.into(),
+            instance: format!("i{a}"),
+            addr: format!("{a}:1"),
+            lease_ms: 1_000,
+            now_ms: 5,
+        };
+        assert!(matches!(s.apply(&register), Response::Registered { .. }), "{a}");
+    }
+    s
+}
+
+fn declare_lost(from: u64, witnesses: &[(&str, &str, u64)]) -> Command {
+    Command::DeclareLost {
+        topic: "t".into(),
+        topic_id: 0,
+        partition: 0,
+        base_offset: 0,
+        segment_epoch: 1,
+        end: 10,
+        from,
+        size_bytes: 60,
+        witnesses: witnesses
+            .iter()
+            .map(|(agent, instance, held_end)| Witness {
+                agent: agent.to_string(),
+                instance: instance.to_string(),
+                held_end: *held_end,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_seal_records_how_many_members_lacking_an_offset_show_it_was_never_acknowledged() {
+    for (min_insync, needed) in [(None, 2), (Some("1"), 3), (Some("2"), 2), (Some("3"), 1)] {
+        let mut config = vec![("replication.factor", "3")];
+        config.extend(min_insync.map(|w| ("min.insync.replicas", w)));
+        let mut s = open_on_three(&config);
+        assert_eq!(s.topics["t"].partitions[0].segments[&0].witnesses_needed, None, "open");
+        assert_eq!(s.apply(&seal_unverified(&["a"], &["b", "c"])), Response::Ok);
+        let seg = &s.topics["t"].partitions[0].segments[&0];
+        assert_eq!(seg.witnesses_needed, Some(needed), "R=3, min.insync.replicas {min_insync:?}");
+    }
+    // A seal from before (an older agent's, or one in a log written earlier) records nothing,
+    // on a node that replays it as on one that restores a snapshot taken before.
+    let mut older = seal_unverified(&["a"], &["b", "c"]);
+    if let Command::SealSegment { record_witnesses_needed, .. } = &mut older {
+        *record_witnesses_needed = false;
+    }
+    let json = serde_json::to_string(&older).unwrap();
+    assert!(!json.contains("record_witnesses_needed"), "{json}");
+    let mut s = open_on_three(&[("replication.factor", "3")]);
+    assert_eq!(s.apply(&serde_json::from_str(&json).unwrap()), Response::Ok);
+    assert_eq!(s.topics["t"].partitions[0].segments[&0].witnesses_needed, None);
+}
+
+#[test]
+fn a_range_no_disk_left_holds_is_declared_lost_only_when_enough_witnesses_show_it_was_never_acknowledged() {
+    let mut s = sealed_by_a_alone(&[("replication.factor", "3")]);
+    let good = declare_lost(6, &[("b", "ib", 6), ("c", "ic", 4)]);
+    let before = s.clone();
+    assert!(
+        matches!(s.apply(&good), Response::Error { .. }),
+        "a, its holder, is on the disk it was written to: it may come back with the range"
+    );
+    assert_eq!(s, before, "a refused declaration changes nothing");
+    // a registers again from a new disk: what it held is gone.
+    let again = Command::RegisterAgent {
+        agent: "a".into(),
+        instance: "ia-new".into(),
+        addr: "a:1".into(),
+        lease_ms: 1_000,
+        now_ms: 2_000,
+    };
+    assert!(matches!(s.apply(&again), Response::Registered { .. }));
+    let before = s.clone();
+    let mut wrong_topic = good.clone();
+    if let Command::DeclareLost { topic_id, .. } = &mut wrong_topic {
+        *topic_id += 1;
+    }
+    let mut wrong_epoch = good.clone();
+    if let Command::DeclareLost { segment_epoch, .. } = &mut wrong_epoch {
+        *segment_epoch = 2;
+    }
+    let mut wrong_end = good.clone();
+    if let Command::DeclareLost { end, .. } = &mut wrong_end {
+        *end = 11;
+    }
+    for (refused, why) in [
+        (declare_lost(6, &[("b", "ib", 6)]), "one witness of the two R - W + 1 needs"),
+        (declare_lost(6, &[("b", "ib", 6), ("b", "ib", 6)]), "a witness named twice"),
+        (declare_lost(6, &[("b", "ib", 6), ("c", "ic-new", 4)]), "c answers from another disk"),
+        (declare_lost(6, &[("b", "ib", 6), ("a", "ia-new", 0)]), "a is not unverified"),
+        (declare_lost(5, &[("b", "ib", 6), ("c", "ic", 4)]), "b holds past the new end"),
+        (declare_lost(7, &[("b", "ib", 6), ("c", "ic", 4)]), "no witness holds up to 7"),
+        (declare_lost(11, &[("b", "ib", 11), ("c", "ic", 4)]), "past the segment"),
+        (wrong_topic, "another topic id"),
+        (wrong_epoch, "another segment epoch"),
+        (wrong_end, "not where the segment is sealed"),
+    ] {
+        assert!(matches!(s.apply(&refused), Response::Error { .. }), "{why}");
+        assert_eq!(s, before, "{why}: a refused declaration changes nothing");
+    }
+    assert_eq!(s.apply(&good), Response::Ok);
+    let p = &s.topics["t"].partitions[0];
+    let seg = &p.segments[&0];
+    assert_eq!((seg.last_offset, seg.record_count, seg.size_bytes), (Some(5), 6, 60));
+    assert_eq!((seg.ensemble.clone(), seg.instances.clone()), (names(&["b"]), names(&["ib"])), "b holds it");
+    assert_eq!((seg.unverified.clone(), seg.unverified_instances.clone()), (names(&["c"]), names(&["ic"])));
+    assert_eq!(p.lost_ranges, [LostRange { from: 6, end: 10 }]);
+    assert_eq!(p.next_segment_base(), 10, "offsets 6..10 are never written again");
+    let before = s.clone();
+    assert!(matches!(s.apply(&good), Response::Error { .. }), "declared already");
+    // a's partition got a new writer when a registered again.
+    let epoch = s.topics["t"].partitions[0].epoch;
+    assert!(matches!(s.apply(&open_after_ten(epoch, 6)), Response::Error { .. }), "not at a lost offset");
+    assert_eq!(s, before);
+    assert_eq!(s.apply(&open_after_ten(epoch, 10)), Response::Ok);
+    // It all survives a snapshot.
+    let back: MetadataState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn a_witness_holding_the_whole_segment_becomes_its_holder_and_one_holding_none_of_it_loses_it_all() {
+    let lost_a = |s: &mut MetadataState| {
+        s.agents.get_mut("a").expect("registered").instance = "ia-new".into();
+    };
+    // b holds all of it: nothing is lost, and one witness is enough to say so.
+    let mut s = sealed_by_a_alone(&[("replication.factor", "3")]);
+    lost_a(&mut s);
+    assert_eq!(s.apply(&declare_lost(10, &[("b", "ib", 10)])), Response::Ok);
+    let p = &s.topics["t"].partitions[0];
+    assert_eq!((p.segments[&0].ensemble.clone(), p.segments[&0].last_offset), (names(&["b"]), Some(9)));
+    assert!(p.lost_ranges.is_empty() && p.empty_end == 0);
+    assert!(!serde_json::to_string(p).unwrap().contains("lost_ranges"), "not written when empty");
+    // Neither holds any of it: the segment is gone from the chain, and so are its offsets.
+    let mut s = sealed_by_a_alone(&[("replication.factor", "3")]);
+    lost_a(&mut s);
+    assert_eq!(s.apply(&declare_lost(0, &[("b", "ib", 0), ("c", "ic", 0)])), Response::Ok);
+    let p = &s.topics["t"].partitions[0];
+    assert!(p.segments.is_empty());
+    assert_eq!(p.lost_ranges, [LostRange { from: 0, end: 10 }]);
+    assert_eq!((p.first_offset(), p.next_segment_base()), (10, 10));
 }

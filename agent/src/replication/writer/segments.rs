@@ -207,6 +207,7 @@ impl PartitionWriter {
 
     pub(super) fn seal_command(&self, s: &SealedSummary) -> Command {
         Command::SealSegment {
+            record_witnesses_needed: true,
             topic: self.config.topic.clone(),
             topic_id: Some(self.config.topic_id),
             partition: self.config.partition,
