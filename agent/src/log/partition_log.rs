@@ -288,11 +288,7 @@ impl PartitionLog {
                 && self.segments[i].record_count() > 0
                 && is_prefix(&self.segments[i], batches)?
             {
-                // Gone before the copy lands: a crash in between leaves neither, and the copy
-                // is recorded in metadata only after this returns.
-                let held = self.remove_segment(i, end)?;
-                held.delete_files()?;
-                sync_dir(&self.dir)?;
+                return self.replace_prefix(i, batches, base, end);
             }
         }
         let at = self.segments.partition_point(|s| s.base_offset() < base);
@@ -319,6 +315,51 @@ impl PartitionLog {
         let at = self.segments.partition_point(|s| s.base_offset() < base);
         self.segments.insert(at, segment);
         if after_all {
+            self.segments.push(Segment::create(&self.dir, end)?);
+        }
+        Ok(())
+    }
+
+    /// [`PartitionLog::place_sealed`] over segment `i`, which holds the first of `batches`: the
+    /// copy is written whole beside it (in [`COPY_STAGING_DIR`]) and then renamed over it, so
+    /// that what it held stays until the copy is whole: a failed copy, or a crash at any
+    /// point, leaves it or the copy, never neither. (What a member holds of a segment is what
+    /// a recovery, or a declaration that a range is lost, takes its word for.)
+    fn replace_prefix(
+        &mut self,
+        i: usize,
+        batches: &[RecordBatch],
+        base: u64,
+        end: u64,
+    ) -> Result<(), StoreError> {
+        let staging = self.dir.join(COPY_STAGING_DIR);
+        match fs::remove_dir_all(&staging) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io(&staging, "remove", e)),
+        }
+        fs::create_dir(&staging).map_err(|e| StoreError::io(&staging, "create", e))?;
+        let mut copy = Segment::create(&staging, base)?;
+        if let Err(e) = batches.iter().try_for_each(|b| copy.append(b)).and_then(|()| copy.seal()) {
+            drop(copy);
+            let _ = fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+        drop(copy);
+        // The log first: once it is renamed the copy is in place; index files that a crash
+        // leaves behind it disagree with it and are rebuilt by a scan at the next open.
+        let name = crate::log::segment::log_file_name(base);
+        let log = self.dir.join(&name);
+        for ext in ["log", "index", "timeindex"] {
+            let (from, to) = (staging.join(&name).with_extension(ext), log.with_extension(ext));
+            fs::rename(&from, &to).map_err(|e| StoreError::io(&to, "rename", e))?;
+        }
+        sync_dir(&self.dir)?;
+        let _ = fs::remove_dir_all(&staging);
+        let (placed, _) = Segment::open(&log, base, true)?;
+        let was_active = i + 1 == self.segments.len();
+        self.segments[i] = placed;
+        if was_active {
             self.segments.push(Segment::create(&self.dir, end)?);
         }
         Ok(())
@@ -428,6 +469,11 @@ impl PartitionLog {
         Ok(removed)
     }
 }
+
+/// Where a copy of a sealed segment is written before it takes the place of the beginning of it
+/// a replica held (`PartitionLog::replace_prefix`); a copy a crash left there is removed by the
+/// next one.
+const COPY_STAGING_DIR: &str = "copy-staging";
 
 /// How much `offset_for_time` reads per step while it scans for a timestamp.
 const OFFSET_FOR_TIME_READ_BYTES: usize = 1024 * 1024;
@@ -862,6 +908,39 @@ mod tests {
         log.append_replicated(&batches).unwrap();
         log.publish();
         assert!(matches!(log.insert_sealed(&batches[..4]), Err(StoreError::Diverged(_))));
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
+    }
+
+    /// A copy that fails midway (a full disk) leaves the beginning a follower kept as it was,
+    /// after reopening too: a replica never answers that it holds less than it fsynced.
+    #[test]
+    fn a_copy_that_fails_midway_leaves_the_beginning_a_follower_kept() {
+        use crate::log::disk::{inject_write_errors, FaultKind};
+        let dir = tempfile::tempdir().unwrap();
+        let (batches, expected) = written_segment(&dir.path().join("writer"), 0);
+        let end = batches.last().unwrap().next_offset();
+        let kept = dir.path().join("kept");
+        let (mut log, _) = PartitionLog::open(&kept).unwrap();
+        log.append_replicated(&batches[..3]).unwrap();
+        log.publish();
+        let held = expected[..9].to_vec();
+        let fault =
+            inject_write_errors(FaultKind::NoSpace, &kept.join(COPY_STAGING_DIR).to_string_lossy(), 2, 1);
+        assert!(log.insert_sealed(&batches).is_err());
+        assert_eq!(fault.failed(), 1);
+        assert_records(&read_all(&log.reader(), 0, 700), &held, 0);
+        drop(log);
+        let (mut log, _) = PartitionLog::open(&kept).unwrap();
+        assert_records(&read_all(&log.reader(), 0, 700), &held, 0);
+        // The next copy takes its place, over what the failed one left.
+        log.insert_sealed(&batches).unwrap();
+        assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
+        let bounds: Vec<(u64, u64)> =
+            log.segments().iter().map(|s| (s.base_offset(), s.next_offset())).collect();
+        assert_eq!(bounds, [(0, end), (end, end)]);
+        assert!(!kept.join(COPY_STAGING_DIR).exists());
+        drop(log);
+        let (log, _) = PartitionLog::open(&kept).unwrap();
         assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
     }
 
