@@ -85,6 +85,8 @@ impl PartitionLog {
             return Err(StoreError::DiskDistrusted { dir: dir.to_path_buf() });
         }
         fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, "create directory", e))?;
+        // A repair copy a crash cut short: the segment it was to replace is still in place.
+        remove_copy_staging(dir)?;
         let mut bases: Vec<u64> = Vec::new();
         for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, "list", e))? {
             let entry = entry.map_err(|e| StoreError::io(dir, "list", e))?;
@@ -333,11 +335,7 @@ impl PartitionLog {
         end: u64,
     ) -> Result<(), StoreError> {
         let staging = self.dir.join(COPY_STAGING_DIR);
-        match fs::remove_dir_all(&staging) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StoreError::io(&staging, "remove", e)),
-        }
+        remove_copy_staging(&self.dir)?;
         fs::create_dir(&staging).map_err(|e| StoreError::io(&staging, "create", e))?;
         let mut copy = Segment::create(&staging, base)?;
         if let Err(e) = batches.iter().try_for_each(|b| copy.append(b)).and_then(|()| copy.seal()) {
@@ -474,6 +472,16 @@ impl PartitionLog {
 /// a replica held (`PartitionLog::replace_prefix`); a copy a crash left there is removed by the
 /// next one.
 const COPY_STAGING_DIR: &str = "copy-staging";
+
+/// Removes what a repair copy left in `dir`'s [`COPY_STAGING_DIR`], if anything.
+fn remove_copy_staging(dir: &Path) -> Result<(), StoreError> {
+    let staging = dir.join(COPY_STAGING_DIR);
+    match fs::remove_dir_all(&staging) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io(&staging, "remove", e)),
+    }
+}
 
 /// How much `offset_for_time` reads per step while it scans for a timestamp.
 const OFFSET_FOR_TIME_READ_BYTES: usize = 1024 * 1024;
@@ -930,8 +938,13 @@ mod tests {
         assert_eq!(fault.failed(), 1);
         assert_records(&read_all(&log.reader(), 0, 700), &held, 0);
         drop(log);
+        // As a crash midway would leave it: a copy cut short beside the beginning.
+        let staging = kept.join(COPY_STAGING_DIR);
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::write(staging.join(crate::log::segment::log_file_name(0)), b"cut short").unwrap();
         let (mut log, _) = PartitionLog::open(&kept).unwrap();
         assert_records(&read_all(&log.reader(), 0, 700), &held, 0);
+        assert!(!staging.exists(), "what the cut-short copy left is removed at the next open");
         // The next copy takes its place, over what the failed one left.
         log.insert_sealed(&batches).unwrap();
         assert_records(&read_all(&log.reader(), 0, 700), &expected, 0);
