@@ -577,6 +577,92 @@ fn declared_lost(agent: &Agent) -> u64 {
     agent.metrics().encode().lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or(0)
 }
 
+/// A group's message in flight at an offset that is then declared lost (an unacknowledged tail
+/// a lone recovery sealed, on a disk since replaced) is done with: the group's floor moves past
+/// it, instead of the message staying in flight, redelivered as nothing, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_is_done_with_a_message_in_flight_whose_offset_is_declared_lost() {
+    let mut cluster = Cluster::start_with(true).await;
+    cluster.stop_agent("agent-2").await;
+    // Redelivered often, never dead-lettered within the test.
+    let config = [("visibility.timeout.ms", "300"), ("max.deliveries", "1000")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    cluster.agents[0].create_topic(TOPIC, 1, config).await.expect("create topic");
+    let (writer, followers) = cluster.ensemble_of(2).await;
+    let follower = followers[0].clone();
+    for i in 0..10 {
+        produce_acked(cluster.agent(&writer), i).await;
+    }
+    // The follower goes; the writer recovers alone and seals message 10, which nobody
+    // acknowledged, on its own disk.
+    cluster.stop_agent(&follower).await;
+    let _ = cluster.agent(&writer).produce(TOPIC, vec![message(10)]).await;
+    let sealed_end = |s: &silt_metadata::MetadataState| {
+        s.topics[TOPIC].partitions[0].segments.values().next().and_then(|seg| seg.last_offset)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.metadata.read(sealed_end).await.expect("metadata read") != Some(10) {
+        assert!(Instant::now() < deadline, "the first segment is not sealed at 10 within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The others come back, and the writer is cut off from metadata (not from them): another
+    // agent takes the partition, and with it the group's deliveries.
+    cluster.restart(&follower, false).await;
+    cluster.restart("agent-2", false).await;
+    cluster.metadata_links[&writer].set(LinkState::Cut);
+    let next = writer_other_than(&cluster, &writer).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut delivered = std::collections::BTreeSet::new();
+    while !(0..=10).all(|o| delivered.contains(&o)) {
+        assert!(Instant::now() < deadline, "offsets 0..=10 not delivered within 30 s: {delivered:?}");
+        if let Ok(got) = poll_group(cluster.agent(&next)).await {
+            delivered.extend(got.iter().map(|d| d.record.offset));
+        }
+    }
+    let ids: Vec<String> = (0..10).map(|o| MessageId::new(TOPIC.to_string(), 0, o).to_string()).collect();
+    cluster.agent(&next).ack("g", &ids, false, false).await.expect("ack 0..10");
+    // The writer's disk is replaced: offset 10 is on no disk left, and is declared lost.
+    cluster.restart(&writer, true).await;
+    let lost = |s: &silt_metadata::MetadataState| s.topics[TOPIC].partitions[0].lost_ranges.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.metadata.read(lost).await.expect("metadata read").is_empty() {
+        assert!(Instant::now() < deadline, "offset 10 not declared lost within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let _ = poll_group(cluster.agent(&next)).await;
+        let (_, lags, _) = cluster.agent(&next).describe_group("g").await.expect("describe the group");
+        let lag = &lags[TOPIC][0];
+        if lag.ack_floor >= 11 && lag.in_flight == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group still waits for the lost offset 10 after 30 s: {lag:?}"
+        );
+    }
+    cluster.stop().await;
+}
+
+/// One poll of group `g` by member `m` through `agent`.
+async fn poll_group(agent: &Agent) -> Result<Vec<silt_agent::group_cursor::Delivered>, ApiError> {
+    agent
+        .poll(silt_agent::agent::PollRequest {
+            topic: TOPIC.into(),
+            group: "g".into(),
+            member: "m".into(),
+            mode: silt_metadata::state::GroupMode::Exclusive,
+            max: 100,
+            max_bytes: 1 << 20,
+            timeout: Duration::from_millis(200),
+            session_timeout: Duration::from_secs(60),
+        })
+        .await
+}
+
 /// What `agent` serves of the partition from offset 0, to the end or to the first refusal.
 async fn read_until_refused(agent: &Agent) -> (Vec<Record>, Option<ApiError>) {
     let mut records = Vec::new();
