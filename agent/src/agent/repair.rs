@@ -103,12 +103,7 @@ impl Agent {
     fn start_lost_range_check(&self) {
         use std::sync::atomic::Ordering as O;
         let me = self.inner.config.agent_id.clone();
-        let failures = {
-            let mut failures = lock(&self.inner.repair_failures);
-            let now = Instant::now();
-            failures.retain(|_, until| *until > now);
-            failures.clone()
-        };
+        let failures = self.recent_repair_failures();
         let failed_lately = |topic: &str, partition: u32, segment: u64| {
             failures.contains_key(&(topic.to_string(), partition, segment, me.clone()))
         };
@@ -226,15 +221,19 @@ impl Agent {
         Ok(Some((from, c.end)))
     }
 
+    /// The copies (and lost-range checks, keyed by this agent) that failed lately, each until
+    /// it may be tried again; those whose wait is over are forgotten.
+    fn recent_repair_failures(&self) -> HashMap<(String, u32, u64, String), Instant> {
+        let mut failures = lock(&self.inner.repair_failures);
+        let now = Instant::now();
+        failures.retain(|_, until| *until > now);
+        failures.clone()
+    }
+
     fn repair_candidate(&self) -> Option<Repair> {
         let me = self.inner.config.agent_id.as_str();
         let after = self.inner.config.replica_repair_after.as_millis() as u64;
-        let failures = {
-            let mut failures = lock(&self.inner.repair_failures);
-            let now = Instant::now();
-            failures.retain(|_, until| *until > now);
-            failures.clone()
-        };
+        let failures = self.recent_repair_failures();
         // An agent this one cannot reach would refuse the copy, and be kept from being asked
         // again for REPAIR_RETRY_AFTER after the link is back: it is not asked at all.
         let failed_lately = |topic: &str, partition: u32, segment: u64, agent: &str| {
