@@ -371,7 +371,7 @@ impl Agent {
             instance: instance.clone(),
             ..Default::default()
         };
-        let Some(reader) = self.local_reader_of(topic, partition, target.topic_id) else {
+        let Some(reader) = self.local_reader_of(topic, partition, Some(target.topic_id)) else {
             // No log open: one with no records is not opened at start. What its directory
             // holds tells, as long as it has no segment file at that offset (one that does is
             // read only through an open log, which checks its epoch and cuts a torn tail).

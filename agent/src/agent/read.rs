@@ -438,32 +438,29 @@ impl Agent {
     }
 
     /// The local log of a partition: its writer's here, or a retired one.
-    /// The read half of this agent's local log of a partition of the topic with id `topic_id`
-    /// (not of a deleted topic of the same name), if one is open.
+    pub(super) fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
+        self.local_reader_of(topic, partition, None)
+    }
+
+    /// [`Agent::local_reader`], of the topic with id `topic_id` if one is given (not of a
+    /// deleted topic of the same name).
     pub(super) fn local_reader_of(
         &self,
         topic: &str,
         partition: u32,
-        topic_id: u64,
+        topic_id: Option<u64>,
     ) -> Option<Arc<PartitionReader>> {
         let key = PartitionKey::new(topic, partition);
         let running = crate::sync::read_lock(&self.inner.partitions)
             .get(&key)
-            .filter(|r| r.topic_id == topic_id)
+            .filter(|r| topic_id.is_none_or(|id| r.topic_id == id))
             .map(|r| Arc::clone(r.handle.reader()));
         running.or_else(|| {
             crate::sync::read_lock(&self.inner.retired)
                 .get(&key)
-                .filter(|(id, _)| *id == topic_id)
+                .filter(|(id, _)| topic_id.is_none_or(|want| *id == want))
                 .map(|(_, r)| Arc::clone(r))
         })
-    }
-
-    pub(super) fn local_reader(&self, topic: &str, partition: u32) -> Option<Arc<PartitionReader>> {
-        let key = PartitionKey::new(topic, partition);
-        let running =
-            crate::sync::read_lock(&self.inner.partitions).get(&key).map(|r| Arc::clone(r.handle.reader()));
-        running.or_else(|| crate::sync::read_lock(&self.inner.retired).get(&key).map(|(_, r)| Arc::clone(r)))
     }
 
     /// Reads records this agent holds in its local log of a partition, whether or not it
