@@ -28,6 +28,8 @@ struct Cluster {
     metadata: MetadataNode,
     cancel: CancellationToken,
     lease: Duration,
+    /// The agents' `replica_repair_after`.
+    repair_after: Duration,
     dir: tempfile::TempDir,
 }
 
@@ -44,6 +46,12 @@ impl Cluster {
 
     /// [`start_with`](Self::start_with), the agents taking leases of `lease`.
     async fn start_with_lease(linked: bool, lease: Duration) -> Cluster {
+        Cluster::start_with_timings(linked, lease, silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER).await
+    }
+
+    /// [`start_with_lease`](Self::start_with_lease), the agents waiting `repair_after` for a
+    /// member that is gone before repair replaces it (and a recovery seals without it).
+    async fn start_with_timings(linked: bool, lease: Duration, repair_after: Duration) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let metadata = MetadataNode::open(&dir.path().join("metadata"), 1, "memory".into())
             .await
@@ -64,6 +72,7 @@ impl Cluster {
             };
             let mut config = AgentConfig::new(&id, format!("memory-{i}"), dir.path().join(&id));
             config.lease = lease;
+            config.replica_repair_after = repair_after;
             config.default_replication_factor = 3;
             config.peers = Some(net.peers(&id));
             let agent = Agent::start(config, handle, Arc::new(Metrics::new()), None, cancel.child_token())
@@ -72,7 +81,7 @@ impl Cluster {
             net.join(&agent);
             agents.push(agent);
         }
-        Cluster { net, agents, metadata_links, metadata, cancel, lease, dir }
+        Cluster { net, agents, metadata_links, metadata, cancel, lease, repair_after, dir }
     }
 
     /// Stops agent `id`: it leaves metadata, and requests to it go unanswered.
@@ -91,6 +100,7 @@ impl Cluster {
         }
         let mut config = AgentConfig::new(id, format!("memory-{i}"), dir);
         config.lease = self.lease;
+        config.replica_repair_after = self.repair_after;
         config.default_replication_factor = 3;
         config.peers = Some(self.net.peers(id));
         let metadata = Metadata::from(self.metadata.clone());
@@ -498,16 +508,10 @@ fn registrations(agent: &Agent) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_segment_sealed_without_hearing_from_a_member_is_read_from_it_once_the_holders_disks_are_replaced()
 {
-    let mut cluster = Cluster::start().await;
-    // Two live agents: the open segment has both (fewer than replication.factor 3).
-    cluster.stop_agent("agent-2").await;
-    create_topic(&cluster).await;
-    let (writer, followers) = cluster.ensemble_of(2).await;
-    let follower = followers[0].clone();
-    let mut acked = HashMap::new();
-    for i in 0..10 {
-        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
-    }
+    // The recovery waits for the stopped member for a second past its lease, then seals
+    // without it.
+    let (mut cluster, writer, follower, mut acked) =
+        two_member_partition(Duration::from_secs(2), Duration::from_secs(1)).await;
     // The follower goes; the writer's next write lacks its quorum, and the writer recovers
     // the open segment from its own copy (R - W + 1 = 1 answer of a two-member ensemble).
     cluster.stop_agent(&follower).await;
@@ -582,7 +586,8 @@ fn declared_lost(agent: &Agent) -> u64 {
 /// it, instead of the message staying in flight, redelivered as nothing, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_is_done_with_a_message_in_flight_whose_offset_is_declared_lost() {
-    let mut cluster = Cluster::start_with(true).await;
+    // The writer waits for the stopped follower for a second past its lease, then seals alone.
+    let mut cluster = Cluster::start_with_timings(true, Duration::from_secs(2), Duration::from_secs(1)).await;
     cluster.stop_agent("agent-2").await;
     // Redelivered often, never dead-lettered within the test.
     let config = [("visibility.timeout.ms", "300"), ("max.deliveries", "1000")]
@@ -661,6 +666,123 @@ async fn poll_group(agent: &Agent) -> Result<Vec<silt_agent::group_cursor::Deliv
             session_timeout: Duration::from_secs(60),
         })
         .await
+}
+
+/// A recovery that hears from fewer members than W does not seal the tail on those alone while
+/// a member that did not answer may come back with its copy: sealed, a tail nobody acknowledged
+/// would be served from then on, and lost with the disks of the members that answered. Once the
+/// member is back, the segment is sealed with both members holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_waits_for_a_member_that_may_come_back_before_it_seals_a_tail_on_fewer_than_w() {
+    let (mut cluster, writer, follower, acked) =
+        two_member_partition(Duration::from_secs(2), silt_agent::agent::DEFAULT_REPLICA_REPAIR_AFTER).await;
+    let epoch = |s: &silt_metadata::MetadataState| s.topics[TOPIC].partitions[0].epoch;
+    let before = cluster.metadata.read(epoch).await.expect("metadata read");
+    // The follower goes; the writer's next write lacks its quorum, and it recovers the open
+    // segment under a new epoch, hearing from itself alone.
+    cluster.stop_agent(&follower).await;
+    let _ = cluster.agent(&writer).produce(TOPIC, vec![message(10)]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.metadata.read(epoch).await.expect("metadata read") == before {
+        assert!(Instant::now() < deadline, "no recovery under a new epoch within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first =
+        |s: &silt_metadata::MetadataState| s.topics[TOPIC].partitions[0].segments.values().next().cloned();
+    // Past the follower's lease (2 s), well within --replica-repair-after: not sealed alone.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let seg = cluster.metadata.read(first).await.expect("metadata read").expect("the first segment");
+        assert_eq!(seg.last_offset, None, "sealed without the follower, which may come back: {seg:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.restart(&follower, false).await;
+    let seg = first_segment_sealed(&cluster, "of the follower's return").await;
+    let mut holders = seg.ensemble.clone();
+    holders.sort();
+    let mut both = vec![writer.clone(), follower.clone()];
+    both.sort();
+    assert_eq!((holders, seg.unverified.clone()), (both, Vec::<String>::new()), "both hold the sealed tail");
+    check(&read_all(cluster.agent(&follower)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A member that stays live to metadata but does not answer the agents (cut off from them
+/// alone) is waited for no longer than `replica_repair_after` from the first recovery of the
+/// segment that waited, whatever its lease and whichever agent recovers: the writer cannot
+/// reach it, hands the partition to the third agent after a lease, which cannot either, and so
+/// on; the wait is metadata's, so the tail is sealed on the member that answered, the silent
+/// one named unverified, instead of the partition's acknowledged messages staying behind an
+/// open segment for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_stops_waiting_for_a_live_member_that_does_not_answer_after_replica_repair_after() {
+    // The wait is three leases: a wait that started again with each agent never ends.
+    let (mut cluster, writer, follower, acked) =
+        two_member_partition(Duration::from_secs(2), Duration::from_secs(6)).await;
+    cluster.restart("agent-2", false).await;
+    // The follower is cut off from the agents, not from metadata: its lease holds.
+    cluster.net.isolate(&follower, true);
+    let isolated = Instant::now();
+    let _ = cluster.agent(&writer).produce(TOPIC, vec![message(10)]).await;
+    let seg = first_segment_sealed(&cluster, "while the follower stays live and silent").await;
+    // Not before the wait: the follower may come back until then.
+    assert!(
+        isolated.elapsed() >= cluster.repair_after,
+        "sealed {:?} after the follower went silent, before --replica-repair-after ({:?})",
+        isolated.elapsed(),
+        cluster.repair_after
+    );
+    let live = |s: &silt_metadata::MetadataState| s.agents[&follower].is_live(s.clock_ms);
+    assert!(cluster.metadata.read(live).await.expect("metadata read"), "the follower's lease held");
+    assert_eq!(
+        (seg.ensemble.clone(), seg.unverified.clone()),
+        (vec![writer.clone()], vec![follower.clone()]),
+        "sealed on the writer, the silent follower unverified"
+    );
+    // Once the follower answers again, the partition is writable and holds every
+    // acknowledged message.
+    cluster.net.isolate(&follower, false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.agent(&writer).produce(TOPIC, vec![message(11)]).await.is_err() {
+        assert!(Instant::now() < deadline, "not writable within 30 s of the follower's return");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check(&read_all(cluster.agent(&writer)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A cluster whose agents take leases of `lease` and wait `repair_after` for a member that is
+/// gone, with the third agent stopped before the topic is created: the partition's open
+/// segment has two members, the writer and the follower (W = 2), and holds 10 acknowledged
+/// messages (by offset).
+async fn two_member_partition(
+    lease: Duration,
+    repair_after: Duration,
+) -> (Cluster, String, String, HashMap<u64, usize>) {
+    let cluster = Cluster::start_with_timings(false, lease, repair_after).await;
+    cluster.stop_agent("agent-2").await;
+    create_topic(&cluster).await;
+    let (writer, followers) = cluster.ensemble_of(2).await;
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    (cluster, writer, followers[0].clone(), acked)
+}
+
+/// The partition's first segment once metadata has it sealed (within 30 s, `when`).
+async fn first_segment_sealed(cluster: &Cluster, when: &str) -> silt_metadata::state::Segment {
+    let first =
+        |s: &silt_metadata::MetadataState| s.topics[TOPIC].partitions[0].segments.values().next().cloned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seg = cluster.metadata.read(first).await.expect("metadata read").expect("the first segment");
+        if seg.last_offset.is_some() {
+            return seg;
+        }
+        assert!(Instant::now() < deadline, "the first segment is not sealed within 30 s {when}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// What `agent` serves of the partition from offset 0, to the end or to the first refusal.

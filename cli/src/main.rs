@@ -155,7 +155,11 @@ enum Cmd {
         /// Ensemble repair: when an agent holding replicas of sealed, not yet archived segments
         /// has been gone (lease lapsed) this long, another agent copies them from the
         /// survivors so that replication.factor holds again. Replicas on a wiped disk are
-        /// copied at once.
+        /// copied at once. Also how long a writer recovering a partition waits for a member
+        /// of its open segment that did not answer, when fewer than min.insync.replicas
+        /// members hold the tail it recovered (a segment whose ensemble shrank to W members):
+        /// no longer than this past the member's lease, nor past the first recovery of the
+        /// segment that waited, on any agent.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         replica_repair_after: Duration,
         /// Local IP address that connections to other agents leave from, on hosts with

@@ -118,6 +118,7 @@ mod tests {
             object_bytes: if state == SegmentState::Archived { 1000 + base } else { 0 },
             archived_ms: None,
             witnesses_needed: None,
+            silent_since_ms: Default::default(),
         }
     }
 

@@ -44,6 +44,7 @@ impl Agent {
                 probed: Mutex::new(HashMap::new()),
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 repair_failures: Mutex::new(HashMap::new()),
+                silent_waits: Arc::default(),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 lease_until: Mutex::new(None),

@@ -71,8 +71,10 @@ const PROBE_AFTER: Duration = Duration::from_secs(3);
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often the agent measures the disk space its logs take and the space left.
 const DISK_USAGE_INTERVAL: Duration = Duration::from_secs(10);
-/// How soon a writer that failed to start is tried again.
+/// How soon a writer that failed to start is tried again (after its first failure in a row).
 const START_RETRY_INTERVAL: Duration = Duration::from_millis(200);
+/// The longest wait between two starts of a writer that keeps failing to start.
+const START_RETRY_MAX_INTERVAL: Duration = Duration::from_secs(1);
 /// The default agent lease.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// How long an agent may be gone before its replicas of sealed segments are copied elsewhere.
@@ -149,6 +151,14 @@ struct StartFailure {
 }
 
 impl StartFailure {
+    /// How long after this failure the next start is tried: [`START_RETRY_INTERVAL`],
+    /// doubling with each failure in the streak up to [`START_RETRY_MAX_INTERVAL`] (each start
+    /// opens the log and fences every member of the open segment).
+    fn retry_after(&self) -> Duration {
+        let doublings = self.failures.saturating_sub(1).min(16);
+        START_RETRY_INTERVAL.saturating_mul(1 << doublings).min(START_RETRY_MAX_INTERVAL)
+    }
+
     /// Counts a failure `now` into the streak `previous` (if any).
     fn after(previous: Option<&StartFailure>, error: ApiError) -> StartFailure {
         let now = Instant::now();
@@ -351,6 +361,8 @@ struct Inner {
     /// there): a copy it keeps refusing neither repeats every round nor holds up the repair
     /// of other segments.
     repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
+    /// When this process's recoveries began waiting for silent members of open segments.
+    silent_waits: Arc<crate::replication::recovery::SilentWaits>,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<PartitionKey, StartFailure>>,
     /// Agents found unreachable that were asked lately whether they answer again, and when.

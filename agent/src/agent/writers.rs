@@ -374,7 +374,7 @@ impl Agent {
         // A start that just failed (its open segment's replicas are not back yet) is not tried
         // again for every request: they get the same answer until the next attempt is due.
         if let Some(f) = lock(&self.inner.start_failures).get(&key) {
-            if f.at.elapsed() < START_RETRY_INTERVAL {
+            if f.at.elapsed() < f.retry_after() {
                 return Err(f.error.clone());
             }
         }
@@ -427,6 +427,8 @@ impl Agent {
             dir,
             instance: self.inner.instance.clone(),
             clock: Arc::clone(&self.inner.config.clock),
+            replica_repair_after: self.inner.config.replica_repair_after,
+            silent_waits: Arc::clone(&self.inner.silent_waits),
         };
         let cancel = self.inner.cancel.child_token();
         let reader = log.reader();

@@ -83,6 +83,7 @@ mod tests {
             object_bytes: 0,
             archived_ms: None,
             witnesses_needed: None,
+            silent_since_ms: Default::default(),
         }
     }
 

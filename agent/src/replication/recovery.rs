@@ -8,6 +8,38 @@
 //! every acknowledged offset. A member whose data directory was replaced since the segment
 //! opened (its instance changed) holds nothing of it and does not count.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// An open segment, as the recoveries of it know it: topic, partition, base offset, and the
+/// epoch it was opened under.
+pub(crate) type OpenSegmentKey = (String, u32, u64, u64);
+
+/// When this process began waiting for each silent member of the open segments its recoveries
+/// wait for. Metadata's record of the waits (`Segment::silent_since_ms`) bounds them whichever
+/// agent recovers; this bounds them too when that record cannot be written (metadata nodes of
+/// an older version refuse the command, or writes fail).
+#[derive(Debug, Default)]
+pub struct SilentWaits(Mutex<HashMap<OpenSegmentKey, HashMap<String, Instant>>>);
+
+impl SilentWaits {
+    /// Records that a recovery of `segment` waits for the members `silent` (and no longer for
+    /// any other), and says how long this process has waited for each of them.
+    pub(crate) fn waiting(&self, segment: &OpenSegmentKey, silent: &[String]) -> HashMap<String, Duration> {
+        let now = Instant::now();
+        let mut waits = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = waits.entry(segment.clone()).or_default();
+        since.retain(|m, _| silent.contains(m));
+        silent.iter().map(|m| (m.clone(), now - *since.entry(m.clone()).or_insert(now))).collect()
+    }
+
+    /// `segment` is sealed: nobody is waited for any more.
+    pub(crate) fn sealed(&self, segment: &OpenSegmentKey) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(segment);
+    }
+}
+
 /// How a member of the open segment answered the recovering writer's fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answer {
@@ -89,16 +121,38 @@ pub(crate) fn plan(members: usize, write_quorum: usize, answers: &[(String, Answ
 }
 
 /// Whether a seal at `end` of the segment at `base` may go ahead with `holders` members holding
-/// the whole tail after the copies, of `answered` that held a copy: a tail that is not empty must
-/// be on W of them (fewer if fewer answered: then all of them), or the recovery is tried again.
+/// the whole tail after the copies, of `answered` that held a copy, while a member that did not
+/// answer `may_come_back` with its copy: a tail that is not empty must be on W of them, or the
+/// recovery is tried again. On fewer only once no member that did not answer may come back
+/// (then all that answered hold it): a tail sealed on fewer than W disks is served from then
+/// on, though nobody may have acknowledged it, and is lost with those disks (readers would
+/// have seen messages no disk holds any more).
 pub(crate) fn enough_holders(
     write_quorum: usize,
     answered: usize,
     holders: usize,
+    may_come_back: bool,
     base: u64,
     end: u64,
 ) -> bool {
-    end == base || holders >= write_quorum.min(answered)
+    end == base || holders >= write_quorum || (!may_come_back && holders >= write_quorum.min(answered))
+}
+
+/// Whether a member of the open segment that did not answer its recovery may still come back
+/// with its copy, judged at metadata's clock `now_ms`: metadata knows it, on the disk recorded
+/// for it when the segment opened (`recorded`, empty if unknown), and it has not been gone
+/// longer than `repair_after_ms` past its lease (after that, repair replaces it anyway).
+pub(crate) fn may_come_back(
+    info: Option<&silt_metadata::state::AgentInfo>,
+    recorded: &str,
+    now_ms: u64,
+    repair_after_ms: u64,
+) -> bool {
+    info.is_some_and(|i| {
+        (recorded.is_empty() || i.instance == recorded)
+            && (i.is_live(now_ms)
+                || now_ms < i.last_heartbeat_ms.saturating_add(i.lease_ms).saturating_add(repair_after_ms))
+    })
 }
 
 /// Who a seal after a recovery names, of `ensemble`: the holders of the whole sealed range
@@ -250,22 +304,74 @@ mod tests {
     }
 
     #[test]
-    fn a_recovered_tail_is_sealed_only_on_w_holders_or_all_that_answered() {
-        // (W, members that answered with a copy, holders after the copies, base, end, seal?)
-        for (w, answered, holders, base, end, seal) in [
-            (2, 3, 2, 0, 10, true),
-            (2, 3, 1, 0, 10, false),
-            (2, 1, 1, 0, 10, true),
-            (3, 2, 2, 5, 9, true),
-            (3, 3, 2, 5, 9, false),
-            (2, 3, 0, 7, 7, true),
+    fn a_recovered_tail_is_sealed_only_on_w_holders_or_all_that_answered_once_no_other_may_come_back() {
+        // (W, members that answered with a copy, holders after the copies, a silent member may
+        // come back, base, end, seal?)
+        for (w, answered, holders, back, base, end, seal) in [
+            (2, 3, 2, false, 0, 10, true),
+            (2, 3, 2, true, 0, 10, true),
+            (2, 3, 1, false, 0, 10, false),
+            (2, 1, 1, false, 0, 10, true),
+            (2, 1, 1, true, 0, 10, false),
+            (3, 2, 2, false, 5, 9, true),
+            (3, 2, 2, true, 5, 9, false),
+            (3, 3, 2, false, 5, 9, false),
+            (2, 3, 0, true, 7, 7, true),
         ] {
             assert_eq!(
-                enough_holders(w, answered, holders, base, end),
+                enough_holders(w, answered, holders, back, base, end),
                 seal,
-                "W={w} {answered} {holders} {base}..{end}"
+                "W={w} {answered} {holders} back={back} {base}..{end}"
             );
         }
+    }
+
+    #[test]
+    fn a_process_waits_for_each_silent_member_from_the_first_recovery_that_waited_for_it() {
+        let waits = SilentWaits::default();
+        let seg: OpenSegmentKey = ("t".into(), 0, 10, 2);
+        let first = waits.waiting(&seg, &names(&["b", "c"]));
+        assert_eq!(first.values().copied().collect::<Vec<_>>(), vec![Duration::ZERO; 2]);
+        std::thread::sleep(Duration::from_millis(20));
+        let again = waits.waiting(&seg, &names(&["b", "c"]));
+        assert!(
+            again["b"] >= Duration::from_millis(20) && again["c"] >= Duration::from_millis(20),
+            "{again:?}"
+        );
+        // b answered a recovery in between: waited for afresh when silent again.
+        waits.waiting(&seg, &names(&["c"]));
+        let b_again = waits.waiting(&seg, &names(&["b", "c"]));
+        assert!(b_again["b"] < Duration::from_millis(20) && b_again["c"] >= Duration::from_millis(20));
+        // Another segment (or the same base under another epoch) has waits of its own.
+        assert_eq!(waits.waiting(&("t".into(), 0, 10, 3), &names(&["c"]))["c"], Duration::ZERO);
+        waits.sealed(&seg);
+        assert_eq!(waits.waiting(&seg, &names(&["c"]))["c"], Duration::ZERO);
+    }
+
+    #[test]
+    fn a_silent_member_may_come_back_until_it_has_been_gone_past_its_lease_and_the_repair_wait() {
+        let info = |instance: &str, last_heartbeat_ms: u64, left: bool| silt_metadata::state::AgentInfo {
+            id: "b".into(),
+            addr: "b:1".into(),
+            incarnation: 1,
+            lease_ms: 2_000,
+            registered_ms: 0,
+            last_heartbeat_ms,
+            instance: instance.into(),
+            left,
+            handed_off_ms: 0,
+        };
+        let after = 60_000;
+        assert!(may_come_back(Some(&info("ib", 10_000, false)), "ib", 11_000, after), "live");
+        assert!(may_come_back(Some(&info("ib", 10_000, false)), "ib", 71_999, after), "lapsed, not long");
+        assert!(!may_come_back(Some(&info("ib", 10_000, false)), "ib", 72_000, after), "gone long");
+        assert!(
+            may_come_back(Some(&info("ib", 10_000, true)), "ib", 11_000, after),
+            "left on purpose, lately"
+        );
+        assert!(!may_come_back(Some(&info("ib-new", 10_000, false)), "ib", 11_000, after), "another disk");
+        assert!(may_come_back(Some(&info("ib", 10_000, false)), "", 11_000, after), "no disk recorded");
+        assert!(!may_come_back(None, "ib", 11_000, after), "forgotten");
     }
 
     #[test]

@@ -171,6 +171,27 @@ pub enum Command {
         /// What the unverified members answered.
         witnesses: Vec<super::Witness>,
     },
+    /// A recovery of the open segment found its tail on fewer than W members while members
+    /// that did not answer (`silent`) may still come back with their copies: records when the
+    /// waiting for each began (`Segment::silent_since_ms`, metadata's clock; kept for a member
+    /// already waited for), and forgets the members not named (they answered). Refused unless
+    /// the segment is open under `segment_epoch`.
+    WaitForSilentMembers {
+        /// Topic name.
+        topic: String,
+        /// The topic's id.
+        topic_id: u64,
+        /// Partition number.
+        partition: u32,
+        /// The open segment's base offset.
+        base_offset: u64,
+        /// The epoch the segment was opened under.
+        segment_epoch: u64,
+        /// The members waited for (of the segment's ensemble).
+        silent: Vec<String>,
+        /// The proposer's clock (ms since the Unix epoch); the leader stamps its own.
+        now_ms: u64,
+    },
     /// Ensemble repair: agent `with` now holds a full copy of a sealed segment in place of
     /// `gone` (an agent that is gone, or lost its disk).
     ReplaceReplica {
@@ -473,9 +494,9 @@ impl Command {
 
     /// Replaces the proposer's clock with `now_ms` (the metadata leader's) in the commands
     /// whose clock decides something: leases (agents), topic creation (which names writers by
-    /// lease) and group membership (session timeouts). Agents' clocks may disagree; the
-    /// leader's, kept monotonic by `MetadataState::clock_ms`, is the one clock leases are
-    /// judged by.
+    /// lease), group membership (session timeouts) and a recovery's wait for silent members.
+    /// Agents' clocks may disagree; the leader's, kept monotonic by `MetadataState::clock_ms`,
+    /// is the one clock leases are judged by.
     pub fn stamp_clock(&mut self, now: u64) {
         match self {
             Command::RegisterAgent { now_ms, .. }
@@ -485,7 +506,8 @@ impl Command {
             | Command::RebalanceWriters { now_ms }
             | Command::MoveWriter { now_ms, .. }
             | Command::CreateTopic { now_ms, .. }
-            | Command::JoinGroup { now_ms, .. } => *now_ms = now,
+            | Command::JoinGroup { now_ms, .. }
+            | Command::WaitForSilentMembers { now_ms, .. } => *now_ms = now,
             _ => {}
         }
     }

@@ -197,6 +197,14 @@ pub struct Segment {
     /// `None` when the seal could not tell (no instances recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub witnesses_needed: Option<u32>,
+    /// While the segment is open: the members a recovery of it waits for, each with when the
+    /// waiting for it began (metadata's clock; `Command::WaitForSilentMembers`). A recovery
+    /// that finds the tail on fewer than W members waits for a member that did not answer and
+    /// may come back with its copy until the agent's `--replica-repair-after` past this, then
+    /// seals on the members that answered. Kept in metadata, so that the wait survives a
+    /// writer's move or restart; a member that answers a later recovery is dropped from it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub silent_since_ms: BTreeMap<String, u64>,
     /// Bytes on disk (known once sealed).
     pub size_bytes: u64,
     /// Records in the segment (known once sealed).
@@ -353,6 +361,24 @@ impl MetadataState {
                 *now_ms,
             ),
             Command::RollSegment { seal, open } => self.roll_segment(seal, open),
+            Command::WaitForSilentMembers {
+                topic,
+                topic_id,
+                partition,
+                base_offset,
+                segment_epoch,
+                silent,
+                now_ms,
+            } => {
+                self.advance_clock(*now_ms);
+                self.wait_for_silent_members(
+                    topic,
+                    *topic_id,
+                    *partition,
+                    (*base_offset, *segment_epoch),
+                    silent,
+                )
+            }
             Command::ReplaceReplica { topic, topic_id, partition, base_offset, gone, with, instance } => {
                 self.replace_replica(topic, *topic_id, *partition, *base_offset, gone, with, instance)
             }

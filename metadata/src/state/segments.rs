@@ -145,6 +145,7 @@ impl MetadataState {
         segment.witnesses_needed = witnesses_needed;
         segment.last_offset = Some(base_offset + record_count - 1);
         segment.state = SegmentState::Sealed;
+        segment.silent_since_ms.clear();
         segment.record_count = record_count;
         segment.size_bytes = size_bytes;
         segment.min_timestamp_ms = min_timestamp_ms;
@@ -283,6 +284,37 @@ impl MetadataState {
         }
         seg.ensemble.push(with.to_string());
         Ok(Response::Ok)
+    }
+
+    /// A recovery of the open segment waits for the members `silent`, each from now on unless
+    /// it already did, and no longer for the others (see `Command::WaitForSilentMembers`).
+    pub(super) fn wait_for_silent_members(
+        &mut self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        (base_offset, segment_epoch): (u64, u64),
+        silent: &[String],
+    ) -> Result<Response, MetadataError> {
+        self.check_topic_id(topic, Some(topic_id))?;
+        let now = self.clock_ms;
+        let t = self.topics.get_mut(topic).ok_or_else(|| MetadataError::UnknownTopic(topic.to_string()))?;
+        let p = t
+            .partitions
+            .get_mut(partition as usize)
+            .ok_or_else(|| MetadataError::UnknownPartition { topic: topic.to_string(), partition })?;
+        match p.segments.get_mut(&base_offset) {
+            Some(seg) if seg.state == SegmentState::Open && seg.epoch == segment_epoch => {
+                seg.silent_since_ms.retain(|m, _| silent.contains(m));
+                for m in silent.iter().filter(|m| seg.ensemble.contains(m)) {
+                    seg.silent_since_ms.entry(m.clone()).or_insert(now);
+                }
+                Ok(Response::Ok)
+            }
+            _ => Err(MetadataError::InvalidArgument(format!(
+                "segment {base_offset} of {topic}/{partition} is not open under epoch {segment_epoch}"
+            ))),
+        }
     }
 
     /// Offsets `from..end` of a sealed segment are lost (see `Command::DeclareLost`).
@@ -559,6 +591,7 @@ impl MetadataState {
                 object_bytes,
                 archived_ms: Some(now_ms),
                 witnesses_needed: None,
+                silent_since_ms: Default::default(),
             },
         );
         Ok(Response::Ok)
@@ -617,6 +650,7 @@ fn new_open_segment(
         object_bytes: 0,
         archived_ms: None,
         witnesses_needed: None,
+        silent_since_ms: Default::default(),
     }
 }
 

@@ -37,6 +37,7 @@ fn offsets_are_archived_when_one_archived_segment_holds_them_or_retention_delete
         object_bytes: 0,
         archived_ms: None,
         witnesses_needed: None,
+        silent_since_ms: Default::default(),
     };
     let mut p = Partition::default();
     for seg in [
@@ -1001,4 +1002,60 @@ fn a_witness_holding_the_whole_segment_becomes_its_holder_and_one_holding_none_o
     assert!(p.segments.is_empty());
     assert_eq!(p.lost_ranges, [LostRange { from: 0, end: 10 }]);
     assert_eq!((p.first_offset(), p.next_segment_base()), (10, 10));
+}
+
+#[test]
+fn a_recovery_waits_for_each_silent_member_from_the_first_time_one_waited_for_it_until_the_segment_is_sealed()
+{
+    let mut s = open_on_three(&[]);
+    let id = s.topics["t"].id;
+    let wait_of = |topic_id: u64, base_offset: u64, segment_epoch: u64, silent: &[&str], now_ms: u64| {
+        Command::WaitForSilentMembers {
+            topic: "t".into(),
+            topic_id,
+            partition: 0,
+            base_offset,
+            segment_epoch,
+            silent: names(silent),
+            now_ms,
+        }
+    };
+    let wait = |silent: &[&str], now_ms| wait_of(id, 0, 1, silent, now_ms);
+    let since = |s: &MetadataState| s.topics["t"].partitions[0].segments[&0].silent_since_ms.clone();
+    let map =
+        |pairs: &[(&str, u64)]| pairs.iter().map(|(m, t)| (m.to_string(), *t)).collect::<BTreeMap<_, _>>();
+    // An open segment as older versions wrote it reads as waiting for nobody.
+    let json = serde_json::to_string(&s.topics["t"].partitions[0].segments[&0]).expect("serialize");
+    assert!(!json.contains("silent_since_ms"), "{json}");
+    assert_eq!(since(&s), map(&[]));
+    assert_eq!(s.apply(&wait(&["b", "c"], 1_000)), Response::Ok);
+    assert_eq!(
+        since(&s),
+        map(&[("b", 1_000), ("c", 1_000)]),
+        "metadata's clock when the first recovery waited"
+    );
+    // A later recovery (another writer, or the same one after a restart) keeps the starts.
+    assert_eq!(s.apply(&wait(&["b", "c"], 9_000)), Response::Ok);
+    assert_eq!(since(&s), map(&[("b", 1_000), ("c", 1_000)]));
+    // One that heard from b forgets it; b silent again is waited for from then; a name outside
+    // the ensemble is not recorded.
+    assert_eq!(s.apply(&wait(&["c"], 9_500)), Response::Ok);
+    assert_eq!(since(&s), map(&[("c", 1_000)]));
+    assert_eq!(s.apply(&wait(&["b", "c", "x"], 9_600)), Response::Ok);
+    assert_eq!(since(&s), map(&[("b", 9_600), ("c", 1_000)]));
+    // Another segment, another epoch, or another topic id change nothing.
+    let before = s.clone();
+    for (command, why) in [
+        (wait_of(id, 10, 1, &["b"], 9_700), "no segment there"),
+        (wait_of(id, 0, 2, &["b"], 9_700), "opened under another epoch"),
+        (wait_of(id + 1, 0, 1, &["b"], 9_700), "another topic id"),
+    ] {
+        assert!(matches!(s.apply(&command), Response::Error { .. }), "{why}");
+        assert_eq!(s.topics, before.topics, "{why}");
+    }
+    // Sealed, the segment waits for nobody; a late command does not mark it.
+    assert_eq!(s.apply(&seal_held_by(&["a", "b"])), Response::Ok);
+    assert_eq!(since(&s), map(&[]));
+    assert!(matches!(s.apply(&wait(&["c"], 9_800)), Response::Error { .. }));
+    assert_eq!(since(&s), map(&[]));
 }

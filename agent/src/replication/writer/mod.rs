@@ -77,6 +77,14 @@ pub struct WriterConfig {
     pub instance: String,
     /// The time of day segments are stamped with.
     pub clock: Arc<dyn silt_metadata::clock::Clock>,
+    /// How long a recovery that finds the open segment's tail on fewer than W members waits
+    /// for a member that did not answer: no longer than this past its lease, nor past the
+    /// first recovery of the segment that waited for it (`Segment::silent_since_ms`, or this
+    /// process's own record, `silent_waits`); the agent's `--replica-repair-after`.
+    pub replica_repair_after: Duration,
+    /// When this process began waiting for silent members of open segments (shared by the
+    /// agent's writers, so that the wait outlasts a writer that starts again).
+    pub silent_waits: Arc<crate::replication::recovery::SilentWaits>,
 }
 
 impl WriterConfig {

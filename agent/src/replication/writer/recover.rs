@@ -105,18 +105,21 @@ impl PartitionWriter {
                             Err(crate::error::ApiError::unavailable(format!("agent '{m}' is not registered")))
                         }
                     };
-                    (m.clone(), r.map_err(|e| e.message))
+                    (m.clone(), r.map_err(|e| (e.message, e.code == crate::error::ErrorCode::DiskFailed)))
                 }
             })
             .collect();
         let mut held: Vec<(String, HeldSegment)> = Vec::new();
         let mut missing: Vec<(String, String)> = Vec::new();
         let mut lost: Vec<String> = Vec::new();
-        let classify = |m: String,
-                        answer: Result<HeldSegment, String>,
-                        held: &mut Vec<(String, HeldSegment)>,
-                        missing: &mut Vec<(String, String)>,
-                        lost: &mut Vec<String>| {
+        // Members that answered that their disk failed under the partition: they take no copy
+        // before they restart (this process distrusts their logs).
+        let mut disk_failed: Vec<String> = Vec::new();
+        let mut classify = |m: String,
+                            answer: Result<HeldSegment, (String, bool)>,
+                            held: &mut Vec<(String, HeldSegment)>,
+                            missing: &mut Vec<(String, String)>,
+                            lost: &mut Vec<String>| {
             let recorded = members
                 .iter()
                 .position(|x| *x == m)
@@ -125,12 +128,17 @@ impl PartitionWriter {
             match answer {
                 Ok(h) if recorded.is_some_and(|i| *i != h.instance) => lost.push(m),
                 Ok(h) => held.push((m, h)),
-                Err(e) => missing.push((m, e)),
+                Err((e, failed)) => {
+                    if failed {
+                        disk_failed.push(m.clone());
+                    }
+                    missing.push((m, e));
+                }
             }
         };
         if members.contains(&me) {
             let local = HeldSegment::of(self.log(), base, open.epoch, &self.config.instance)
-                .map_err(|e| e.to_string());
+                .map_err(|e| (e.to_string(), matches!(e, StoreError::DiskDistrusted { .. })));
             classify(me.clone(), local, &mut held, &mut missing, &mut lost);
         }
         // Enough answers is enough: a member that is slow or paused is not waited for. Every
@@ -222,11 +230,110 @@ impl PartitionWriter {
             }
         }
         let holders = holding.len();
-        if !crate::replication::recovery::enough_holders(w, held.len(), holders, base, end) {
+        let repair_after_ms = self.config.replica_repair_after.as_millis() as u64;
+        // Members that did not answer (an error, or no answer in time) and may still come
+        // back with their copies: not one whose disk failed under the partition (it takes no
+        // copy before it restarts), nor this agent. Each with how long recoveries of this
+        // segment have waited for it, by metadata's clock (`None`: none waited yet); and whom
+        // metadata records as waited for.
+        let (silent, recorded) = self.metadata.read_local(|s| {
+            let seg = s
+                .topics
+                .get(&topic)
+                .and_then(|t| t.partitions.get(partition as usize))
+                .and_then(|p| p.segments.get(&base))
+                .filter(|seg| {
+                    seg.state == silt_metadata::state::SegmentState::Open && seg.epoch == open.epoch
+                });
+            let silent: Vec<(String, Option<u64>)> = members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| {
+                    **m != me
+                        && !held.iter().any(|(h, _)| h == *m)
+                        && !lost.contains(m)
+                        && !disk_failed.contains(m)
+                })
+                .filter(|(i, m)| {
+                    let recorded = open.instances.get(*i).map_or("", String::as_str);
+                    crate::replication::recovery::may_come_back(
+                        s.agents.get(*m),
+                        recorded,
+                        s.clock_ms,
+                        repair_after_ms,
+                    )
+                })
+                .map(|(_, m)| {
+                    let since = seg.and_then(|seg| seg.silent_since_ms.get(m));
+                    (m.clone(), since.map(|since| s.clock_ms.saturating_sub(*since)))
+                })
+                .collect();
+            let recorded: Vec<String> =
+                seg.map(|seg| seg.silent_since_ms.keys().cloned().collect()).unwrap_or_default();
+            (silent, recorded)
+        });
+        let key: crate::replication::recovery::OpenSegmentKey = (topic.clone(), partition, base, open.epoch);
+        let names: Vec<String> = silent.iter().map(|(m, _)| m.clone()).collect();
+        let here = self.config.silent_waits.waiting(&key, &names);
+        // A member is waited for until either record of the wait for it (metadata's, or this
+        // process's when metadata's could not be written) reaches --replica-repair-after: one
+        // that stays live without answering (cut off from the agents, not from metadata) holds
+        // the tail up no longer, whichever agent recovers it.
+        let coming_back: Vec<(String, u64)> = silent
+            .iter()
+            .map(|(m, in_metadata)| {
+                let waited = in_metadata.unwrap_or(0).max(here.get(m).map_or(0, |d| d.as_millis() as u64));
+                (m.clone(), waited)
+            })
+            .filter(|(_, waited)| *waited < repair_after_ms)
+            .collect();
+        if !crate::replication::recovery::enough_holders(
+            w,
+            held.len(),
+            holders,
+            !coming_back.is_empty(),
+            base,
+            end,
+        ) {
+            let why = if coming_back.is_empty() {
+                String::new()
+            } else {
+                // Metadata records whom recoveries of this segment wait for, and since when,
+                // unless it holds that already.
+                let mut wanted = names.clone();
+                wanted.sort();
+                if wanted != recorded {
+                    let command = Command::WaitForSilentMembers {
+                        topic: topic.clone(),
+                        topic_id: self.config.topic_id,
+                        partition,
+                        base_offset: base,
+                        segment_epoch: open.epoch,
+                        silent: wanted,
+                        now_ms: self.config.clock.now_ms(),
+                    };
+                    if let Err(e) = self.metadata.write(command).await {
+                        warn!(base_offset = base, error = %e, "recording whom the recovery waits for failed");
+                    }
+                }
+                let left = coming_back.iter().map(|(_, waited)| repair_after_ms - waited).max().unwrap_or(0);
+                format!(
+                    "; waiting for agent(s) {} to come back with their copies, for up to {:.1}s more (--replica-repair-after)",
+                    coming_back.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>().join(", "),
+                    left as f64 / 1000.0
+                )
+            };
             return Err(StoreError::NotEnoughReplicas(format!(
                 "partition {topic}/{partition}: the recovered tail of segment {base} is on {holders} replica(s), \
-                 min.insync.replicas is {w}; retrying"
+                 min.insync.replicas is {w}{why}; retrying"
             )));
+        }
+        if !silent.is_empty() && holders < w {
+            warn!(
+                base_offset = base,
+                silent = %names.join(", "),
+                "the recovered tail is on fewer than min.insync.replicas members; sealing it after waiting --replica-repair-after for the members that did not answer"
+            );
         }
         // Members that did not answer, or that a copy failed to reach, are not holders; they
         // stay named as unverified: one may hold what no holder will once a disk is lost.
@@ -248,6 +355,7 @@ impl PartitionWriter {
             unverified,
         };
         self.metadata.write(self.seal_command(&summary)).await?;
+        self.config.silent_waits.sealed(&key);
         info!(base_offset = base, end, replicas = holders, from = %source, "recovered and sealed the open segment");
         Ok(())
     }
