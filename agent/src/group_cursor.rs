@@ -27,7 +27,8 @@ pub struct Delivered {
 /// One delivered, unacknowledged message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InFlight {
-    /// When the lease expires and the message may be delivered again (ms since the epoch).
+    /// When the lease expires and the message may be delivered again (ms on the agent's
+    /// monotonic lease clock, `Agent::lease_clock_ms`).
     pub deadline_ms: u64,
     /// How many times it has been delivered.
     pub deliveries: u32,
@@ -68,6 +69,9 @@ pub enum Expired {
 pub struct GroupCursor {
     /// The topic id this state belongs to (a re-created topic starts afresh).
     topic_id: u64,
+    /// The writer epoch of the partition it was loaded under: its checkpoints are refused once
+    /// another writer (a later epoch) took the partition, whose cursor carries on.
+    epoch: u64,
     next_offset: u64,
     in_flight: BTreeMap<u64, InFlight>,
     acked_ahead: Vec<(u64, u64)>,
@@ -75,10 +79,18 @@ pub struct GroupCursor {
 }
 
 impl GroupCursor {
-    /// Resumes from a checkpoint. Offsets below `log_start` no longer exist and are skipped.
-    pub fn from_checkpoint(topic_id: u64, floor: u64, acked: &[(u64, u64)], log_start: u64) -> Self {
+    /// Resumes from a checkpoint, for the partition's writer at `epoch`. Offsets below
+    /// `log_start` no longer exist and are skipped.
+    pub fn from_checkpoint(
+        topic_id: u64,
+        epoch: u64,
+        floor: u64,
+        acked: &[(u64, u64)],
+        log_start: u64,
+    ) -> Self {
         let mut cursor = GroupCursor {
             topic_id,
+            epoch,
             next_offset: floor.max(log_start),
             in_flight: BTreeMap::new(),
             acked_ahead: acked.to_vec(),
@@ -91,6 +103,11 @@ impl GroupCursor {
     /// The topic id this state belongs to.
     pub fn topic_id(&self) -> u64 {
         self.topic_id
+    }
+
+    /// The writer epoch it was loaded under.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// The next offset that has never been delivered.
@@ -131,6 +148,12 @@ impl GroupCursor {
 
     /// The checkpoint without clearing `dirty`.
     pub fn checkpoint(&self) -> (u64, Vec<(u64, u64)>) {
+        if crate::sim_bugs::on(crate::sim_bugs::Bug::CheckpointInFlight) {
+            return (
+                self.next_offset,
+                self.acked_ahead.iter().copied().filter(|(_, b)| *b >= self.next_offset).collect(),
+            );
+        }
         let floor = self.floor();
         let mut ranges = Vec::new();
         let mut start = floor;
@@ -253,7 +276,7 @@ mod tests {
 
     #[test]
     fn floor_and_checkpoint_follow_acks() {
-        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 1, 0, &[], 0);
         for o in 0..5 {
             assert!(c.wants(o));
             c.deliver(o, 100);
@@ -273,7 +296,7 @@ mod tests {
 
     #[test]
     fn resume_skips_acked_ranges() {
-        let mut c = GroupCursor::from_checkpoint(0, 2, &[(3, 4), (7, 7)], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 1, 2, &[(3, 4), (7, 7)], 0);
         assert_eq!(c.next_offset(), 2);
         c.deliver(2, 10);
         assert_eq!(c.next_offset(), 5, "3 and 4 were acked before the restart");
@@ -287,7 +310,7 @@ mod tests {
 
     #[test]
     fn a_released_redelivery_is_due_again_and_counts_no_delivery() {
-        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 1, 0, &[], 0);
         c.deliver(0, 100);
         assert_eq!(c.expired(100, 5, 10), vec![Expired::Redeliver { offset: 0, deliveries: 2 }]);
         assert_eq!(c.redeliver(0, 200), Some(2));
@@ -301,7 +324,7 @@ mod tests {
 
     #[test]
     fn expiry_redelivers_then_dead_letters() {
-        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 1, 0, &[], 0);
         c.deliver(0, 100);
         assert!(c.expired(99, 2, 10).is_empty());
         assert_eq!(c.expired(100, 2, 10), vec![Expired::Redeliver { offset: 0, deliveries: 2 }]);
@@ -313,7 +336,7 @@ mod tests {
 
     #[test]
     fn checkpoint_round_trips_through_resume() {
-        let mut c = GroupCursor::from_checkpoint(0, 0, &[], 0);
+        let mut c = GroupCursor::from_checkpoint(0, 1, 0, &[], 0);
         for o in 0..10 {
             c.deliver(o, 1);
         }
@@ -321,7 +344,7 @@ mod tests {
             c.ack(o);
         }
         let (floor, acked) = c.take_checkpoint();
-        let resumed = GroupCursor::from_checkpoint(0, floor, &acked, 0);
+        let resumed = GroupCursor::from_checkpoint(0, 1, floor, &acked, 0);
         for o in 0..10 {
             let delivered_again = o >= resumed.next_offset() && resumed.wants(o);
             assert_eq!(delivered_again, ![0, 2, 3, 7].contains(&o), "offset {o}");

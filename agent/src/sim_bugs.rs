@@ -24,16 +24,21 @@ pub enum Bug {
     /// The writer makes a group visible to readers once its own fsync is done, before the
     /// followers' (past the high watermark), and leaves it visible when replication fails.
     ServePastWatermark,
+    /// A consumer group's checkpoint counts the messages in flight as acknowledged: one a
+    /// member took and never acknowledged is done with for the group once the checkpoint is
+    /// written (caught with `--groups`).
+    CheckpointInFlight,
 }
 
 impl Bug {
     /// Every defect, with the name `--bug` takes.
-    pub const ALL: [(Bug, &'static str); 5] = [
+    pub const ALL: [(Bug, &'static str); 6] = [
         (Bug::AckBeforeQuorum, "ack-before-quorum"),
         (Bug::SkipFence, "skip-fence"),
         (Bug::TrimWithoutEpochCheck, "trim-without-epoch-check"),
         (Bug::ReuseOffsetAfterCrash, "reuse-offset-after-crash"),
         (Bug::ServePastWatermark, "serve-past-watermark"),
+        (Bug::CheckpointInFlight, "checkpoint-in-flight"),
     ];
 
     /// The defect `--bug` names `name`.

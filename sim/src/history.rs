@@ -14,6 +14,16 @@ pub struct Seen {
     pub value: String,
 }
 
+/// One message a poll of a consumer group delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub partition: u32,
+    pub offset: u64,
+    pub value: String,
+    /// How many times it was delivered to the group, this one included.
+    pub deliveries: u32,
+}
+
 /// What one operation did.
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -25,6 +35,18 @@ pub enum Op {
     /// The whole partition, read once every fault was healed (`None`: it could not be read
     /// to its end in time).
     Final { partition: u32, log: Option<Vec<Seen>>, why: String },
+    /// A poll of a consumer group by one of its members, through an agent.
+    Poll { group: String, member: String, via: String, result: Result<Vec<Delivery>, String> },
+    /// An acknowledgement of delivered messages (partition, offset) to a group, through an
+    /// agent.
+    Ack { group: String, via: String, messages: Vec<(u32, u64)>, result: Result<usize, String> },
+    /// A group's acknowledgement checkpoint of a partition as metadata held it, recorded when
+    /// it changed: every offset below `floor` and in the inclusive `acked` ranges.
+    Checkpoint { group: String, partition: u32, floor: u64, acked: Vec<(u64, u64)> },
+    /// Once the faults were healed and every partition read to its end, the group was polled
+    /// and acknowledged until its checkpoints reached those ends (`why` empty), or not in
+    /// time (`why` says where it stopped).
+    Drained { group: String, why: String },
 }
 
 /// An operation and when it ran.
@@ -71,6 +93,34 @@ impl fmt::Display for Event {
                 Ok(())
             }
             Op::Final { partition, log: None, why } => write!(f, "final p{partition} -> unreadable: {why}"),
+            Op::Poll { group, member, via, result } => match result {
+                Ok(delivered) => {
+                    write!(f, "poll {group}/{member} via {via} -> {} messages", delivered.len())?;
+                    for d in delivered {
+                        write!(f, " p{}:{}={}", d.partition, d.offset, d.value)?;
+                        if d.deliveries > 1 {
+                            write!(f, "(#{})", d.deliveries)?;
+                        }
+                    }
+                    Ok(())
+                }
+                Err(e) => write!(f, "poll {group}/{member} via {via} -> failed: {e}"),
+            },
+            Op::Ack { group, via, messages, result } => {
+                write!(f, "ack {group} via {via}")?;
+                for (p, o) in messages {
+                    write!(f, " p{p}:{o}")?;
+                }
+                match result {
+                    Ok(n) => write!(f, " -> {n} acknowledged"),
+                    Err(e) => write!(f, " -> failed: {e}"),
+                }
+            }
+            Op::Checkpoint { group, partition, floor, acked } => {
+                write!(f, "checkpoint {group} p{partition} floor {floor} acked {acked:?}")
+            }
+            Op::Drained { group, why } if why.is_empty() => write!(f, "drained {group}"),
+            Op::Drained { group, why } => write!(f, "drained {group} -> not: {why}"),
         }
     }
 }

@@ -46,7 +46,8 @@ struct Args {
     #[arg(long, requires = "seed")]
     trace: bool,
     /// Turns on a deliberate defect, to see the checker catch it: ack-before-quorum,
-    /// skip-fence, trim-without-epoch-check, reuse-offset-after-crash, serve-past-watermark.
+    /// skip-fence, trim-without-epoch-check, reuse-offset-after-crash, serve-past-watermark,
+    /// checkpoint-in-flight (with --groups).
     #[arg(long, value_name = "NAME", value_parser = parse_bug)]
     bug: Option<String>,
     /// Also replaces the disk of a writer that lost power (at most one per run). Off by
@@ -54,6 +55,12 @@ struct Args {
     /// runs a short schedule with it (see docs/reliability.md).
     #[arg(long)]
     disk_loss: bool,
+    /// Also runs two consumer groups (one exclusive, one shared; two members each) that poll
+    /// and acknowledge through random agents, and checks what they were delivered and what
+    /// metadata checkpointed. Off by default, so that a seed runs as before it existed;
+    /// scripts/test.sh runs a short schedule with it.
+    #[arg(long)]
+    groups: bool,
     /// With --seeds: how many seeds run at once.
     #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
@@ -86,7 +93,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match (&args.seeds, args.seed) {
         (Some(seeds), _) => run_seeds(&args, seeds.clone()),
-        (None, Some(seed)) => run_one(seed, args.bug.as_deref(), args.trace, args.disk_loss),
+        (None, Some(seed)) => run_one(seed, args.bug.as_deref(), args.trace, args.options()),
         (None, None) => {
             eprintln!("silt-sim: give --seeds START..END or --seed S (see --help)");
             ExitCode::from(2)
@@ -100,7 +107,20 @@ const FAULT_PHASE: Ms = 30_000;
 const TICK: Duration = Duration::from_millis(1);
 
 /// Runs one seed in this process and prints its verdict (and, with `trace`, all of it).
-fn run_one(seed: u64, bug: Option<&str>, trace: bool, disk_loss: bool) -> ExitCode {
+/// What a run includes beyond the default schedule and workload.
+#[derive(Debug, Clone, Copy)]
+struct Options {
+    disk_loss: bool,
+    groups: bool,
+}
+
+impl Args {
+    fn options(&self) -> Options {
+        Options { disk_loss: self.disk_loss, groups: self.groups }
+    }
+}
+
+fn run_one(seed: u64, bug: Option<&str>, trace: bool, options: Options) -> ExitCode {
     silt_metadata::runtime::run_blocking_inline();
     if let Some(bug) = bug.and_then(Bug::named) {
         silt_agent::sim_bugs::enable(bug);
@@ -117,7 +137,7 @@ fn run_one(seed: u64, bug: Option<&str>, trace: bool, disk_loss: bool) -> ExitCo
     // (std draws a thread's HashMap keys at its first HashMap).
     let run = std::thread::spawn(move || {
         overrides::enter(seed);
-        simulate(seed, trace, disk_loss)
+        simulate(seed, trace, options)
     });
     let outcome = run.join();
     let _ = std::env::set_current_dir("/");
@@ -170,9 +190,9 @@ fn init_logs(trace: bool) {
 }
 
 /// The run of one seed: the cluster, the clients and the schedule, until the clients are done.
-fn simulate(seed: u64, trace: bool, disk_loss: bool) -> anyhow::Result<History> {
+fn simulate(seed: u64, trace: bool, options: Options) -> anyhow::Result<History> {
     let world = World::new(3);
-    let schedule = Schedule::draw(seed, &world.agents, FAULT_PHASE, disk_loss);
+    let schedule = Schedule::draw(seed, &world.agents, FAULT_PHASE, options.disk_loss);
     if trace {
         println!("schedule of seed {seed}:");
         for (at, fault) in &schedule.events {
@@ -191,7 +211,7 @@ fn simulate(seed: u64, trace: bool, disk_loss: bool) -> anyhow::Result<History> 
         let (w, host) = (Arc::clone(&world), id.clone());
         sim.host(host.as_str(), move || Arc::clone(&w).run_agent(id.clone()));
     }
-    let clients = workload::Clients::new(Arc::clone(&world), Arc::clone(&history));
+    let clients = workload::Clients::new(Arc::clone(&world), Arc::clone(&history), options.groups);
     sim.client("clients", Arc::clone(&clients).run(seed, FAULT_PHASE));
     let mut pending = schedule.events.into_iter().peekable();
     let mut healed = false;
@@ -251,7 +271,7 @@ fn run_seeds(args: &Args, seeds: Range<u64>) -> ExitCode {
                 if seed >= seeds.end {
                     return;
                 }
-                let verdict = run_child(&exe, seed, args.bug.as_deref(), args.disk_loss);
+                let verdict = run_child(&exe, seed, args.bug.as_deref(), args.options());
                 ran.fetch_add(1, Ordering::SeqCst);
                 if let Err(line) = verdict {
                     failed.fetch_add(1, Ordering::SeqCst);
@@ -274,20 +294,66 @@ fn run_seeds(args: &Args, seeds: Range<u64>) -> ExitCode {
     }
 }
 
+/// How long one seed may run, in wall time, before it is taken for a livelock (a task that
+/// loops without letting simulated time pass) and killed. A seed takes a few seconds.
+const SEED_WALL_LIMIT: Duration = Duration::from_secs(600);
+
+/// The output of `child` once it exits, or `None` (it is killed) if it runs longer than `limit`.
+fn wait_with_limit(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if started.elapsed() >= limit {
+            child.kill()?;
+            child.wait()?;
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+    Ok(status.map(|status| std::process::Output { status, stdout, stderr }))
+}
+
 /// One seed in a child process: `Err` with its verdict line when it failed.
-fn run_child(exe: &std::path::Path, seed: u64, bug: Option<&str>, disk_loss: bool) -> Result<(), String> {
+fn run_child(exe: &std::path::Path, seed: u64, bug: Option<&str>, options: Options) -> Result<(), String> {
     let mut cmd = Command::new(exe);
     cmd.arg("--seed").arg(seed.to_string()).stdout(Stdio::piped()).stderr(Stdio::piped());
     if let Some(bug) = bug {
         cmd.arg("--bug").arg(bug);
     }
-    if disk_loss {
+    if options.disk_loss {
         cmd.arg("--disk-loss");
+    }
+    if options.groups {
+        cmd.arg("--groups");
     }
     let child =
         cmd.spawn().map_err(|e| format!("seed {seed}: failed: simulation-failed: cannot start it: {e}"))?;
-    let output =
-        child.wait_with_output().map_err(|e| format!("seed {seed}: failed: simulation-failed: {e}"))?;
+    let output = wait_with_limit(child, SEED_WALL_LIMIT)
+        .map_err(|e| format!("seed {seed}: failed: simulation-failed: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "seed {seed}: failed: simulation-failed: no verdict within {SEED_WALL_LIMIT:?} of wall time \
+                 (simulated time stopped moving: replay it with --seed {seed} --trace)"
+            )
+        })?;
     let stdout = BufReader::new(&output.stdout[..]);
     let verdict = stdout.lines().map_while(Result::ok).find(|l| l.starts_with(&format!("seed {seed}: ")));
     match verdict {

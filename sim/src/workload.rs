@@ -13,13 +13,25 @@ use silt_agent::agent::ProduceMessage;
 use silt_agent::limits::ReadLimit;
 use silt_record::Record;
 
+use silt_agent::agent::PollRequest;
+use silt_metadata::state::{AckCheckpoint, GroupMode};
+use silt_record::MessageId;
+
 use crate::world::World;
-use silt_sim::history::{Event, History, Ms, Op, Seen};
+use silt_sim::history::{Delivery, Event, History, Ms, Op, Seen};
 
 pub(crate) const TOPIC: &str = "events";
 pub(crate) const PARTITIONS: u32 = 2;
 const PRODUCERS: usize = 3;
 const READERS: usize = 2;
+/// With `--groups`: the consumer groups, each with two members polling through random agents.
+const GROUPS: [(&str, GroupMode); 2] = [("exclusive", GroupMode::Exclusive), ("shared", GroupMode::Shared)];
+const MEMBERS: [&str; 2] = ["m0", "m1"];
+/// The topic's visibility timeout with `--groups`: a message not acknowledged within it is
+/// delivered again, several times within the faults.
+const VISIBILITY_TIMEOUT_MS: &str = "2000";
+/// How often metadata's ack checkpoints are looked at.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 /// How long the clients keep trying to read every partition to its end after the faults.
 const RECOVERY: Duration = Duration::from_secs(180);
 
@@ -34,11 +46,15 @@ pub(crate) struct Clients {
     pub(crate) history: Arc<Mutex<History>>,
     /// The highest offset acknowledged per partition, for readers to aim at.
     acked_end: Mutex<BTreeMap<u32, u64>>,
+    /// Whether consumer groups poll and acknowledge too (`--groups`).
+    groups: bool,
+    /// Where each partition's final log ends, once read.
+    final_end: Mutex<BTreeMap<u32, u64>>,
 }
 
 impl Clients {
-    pub(crate) fn new(world: Arc<World>, history: Arc<Mutex<History>>) -> Arc<Clients> {
-        Arc::new(Clients { world, history, acked_end: Mutex::default() })
+    pub(crate) fn new(world: Arc<World>, history: Arc<Mutex<History>>, groups: bool) -> Arc<Clients> {
+        Arc::new(Clients { world, history, acked_end: Mutex::default(), groups, final_end: Mutex::default() })
     }
 
     fn record(&self, start: Ms, op: Op) {
@@ -56,9 +72,15 @@ impl Clients {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xC11E);
         loop {
             let via = self.agent(&mut rng);
+            let mut config = BTreeMap::new();
+            if self.groups {
+                // Redelivered soon, never dead-lettered within a run.
+                config.insert("visibility.timeout.ms".to_string(), VISIBILITY_TIMEOUT_MS.to_string());
+                config.insert("max.deliveries".to_string(), "1000".to_string());
+            }
             let created = self
                 .world
-                .call(&via, |a| async move { a.create_topic(TOPIC, PARTITIONS, BTreeMap::new()).await })
+                .call(&via, |a| async move { a.create_topic(TOPIC, PARTITIONS, config).await })
                 .await;
             match created {
                 Ok(_) => break,
@@ -75,13 +97,184 @@ impl Clients {
             let (clients, seed) = (Arc::clone(&self), rng.random());
             tasks.push(tokio::task::spawn_local(async move { clients.read(seed, phase_end).await }));
         }
+        if self.groups {
+            for (group, mode) in GROUPS {
+                for member in MEMBERS {
+                    let (clients, seed) = (Arc::clone(&self), rng.random());
+                    tasks.push(tokio::task::spawn_local(async move {
+                        clients.consume(group, mode, member, seed, phase_end).await
+                    }));
+                }
+            }
+        }
+        let watch = self.groups.then(|| {
+            let clients = Arc::clone(&self);
+            tokio::task::spawn_local(async move { clients.watch_checkpoints().await })
+        });
         for t in tasks {
             t.await?;
         }
         for partition in 0..PARTITIONS {
             self.read_to_end(partition).await;
         }
+        if self.groups {
+            for (group, mode) in GROUPS {
+                self.drain(group, mode, &mut rng).await;
+            }
+            // A recovery that ended meanwhile may have sealed a tail of messages whose produce
+            // failed (their outcome unknown) after the partition's end read before: the groups
+            // were delivered them, and the checker judges against the log as it ends now.
+            for partition in 0..PARTITIONS {
+                self.read_to_end(partition).await;
+            }
+        }
+        if let Some(watch) = watch {
+            watch.abort();
+        }
         Ok(())
+    }
+
+    /// One member of a group: polls through a random agent and acknowledges what it got,
+    /// mostly all of it, sometimes some or none (to be delivered again), mostly through the
+    /// agent it polled.
+    async fn consume(
+        self: Arc<Clients>,
+        group: &str,
+        mode: GroupMode,
+        member: &str,
+        seed: u64,
+        phase_end: Ms,
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        while now() < phase_end {
+            let via = self.agent(&mut rng);
+            let delivered = self.poll(group, mode, member, &via, Duration::from_millis(200)).await;
+            if let Ok(delivered) = delivered {
+                let share = match rng.random_range(0..10) {
+                    0 => 0.0,
+                    1 => 0.5,
+                    _ => 1.0,
+                };
+                let acks: Vec<(u32, u64)> = delivered
+                    .iter()
+                    .filter(|_| rng.random_bool(share))
+                    .map(|d| (d.partition, d.offset))
+                    .collect();
+                let via = if rng.random_bool(0.8) { via } else { self.agent(&mut rng) };
+                self.ack(group, &via, acks).await;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..100))).await;
+        }
+    }
+
+    /// A poll of `group` by `member` through `via`, recorded.
+    async fn poll(
+        &self,
+        group: &str,
+        mode: GroupMode,
+        member: &str,
+        via: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Delivery>, String> {
+        let request = PollRequest {
+            topic: TOPIC.to_string(),
+            group: group.to_string(),
+            member: member.to_string(),
+            mode,
+            max: 20,
+            max_bytes: 1 << 20,
+            timeout,
+            session_timeout: Duration::from_secs(10),
+        };
+        let start = now();
+        let result = self.world.call(via, move |a| async move { a.poll(request).await }).await.map(|got| {
+            got.iter()
+                .map(|d| Delivery {
+                    partition: d.partition,
+                    offset: d.record.offset,
+                    value: value_of(&d.record),
+                    deliveries: d.delivery,
+                })
+                .collect::<Vec<_>>()
+        });
+        self.record(
+            start,
+            Op::Poll { group: group.into(), member: member.into(), via: via.into(), result: result.clone() },
+        );
+        result
+    }
+
+    /// An acknowledgement of `messages` to `group` through `via`, recorded (none: nothing sent).
+    async fn ack(&self, group: &str, via: &str, messages: Vec<(u32, u64)>) {
+        if messages.is_empty() {
+            return;
+        }
+        let ids: Vec<String> =
+            messages.iter().map(|(p, o)| MessageId::new(TOPIC.to_string(), *p, *o).to_string()).collect();
+        let start = now();
+        let g = group.to_string();
+        let result = self.world.call(via, move |a| async move { a.ack(&g, &ids, false, false).await }).await;
+        self.record(start, Op::Ack { group: group.into(), via: via.into(), messages, result });
+    }
+
+    /// Records each group's ack checkpoints as metadata holds them, whenever one changes.
+    async fn watch_checkpoints(&self) {
+        let mut seen: BTreeMap<(String, u32), AckCheckpoint> = BTreeMap::new();
+        loop {
+            for (group, _) in GROUPS {
+                for (partition, (floor, acked)) in self.world.checkpoints(group, TOPIC) {
+                    let key = (group.to_string(), partition);
+                    let checkpoint = AckCheckpoint { floor, acked };
+                    if seen.get(&key) != Some(&checkpoint) {
+                        let start = now();
+                        let (floor, acked) = (checkpoint.floor, checkpoint.acked.clone());
+                        self.record(start, Op::Checkpoint { group: group.into(), partition, floor, acked });
+                        seen.insert(key, checkpoint);
+                    }
+                }
+            }
+            tokio::time::sleep(CHECKPOINT_EVERY).await;
+        }
+    }
+
+    /// Once every fault is healed: both members poll `group` and acknowledge everything they
+    /// get until its checkpoints reach the end of every partition's final log, or the recovery
+    /// time is up.
+    async fn drain(&self, group: &str, mode: GroupMode, rng: &mut StdRng) {
+        let start = now();
+        let deadline = start + RECOVERY.as_millis() as Ms;
+        let ends = self.final_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let behind = || -> Vec<String> {
+            let checkpoints = self.world.checkpoints(group, TOPIC);
+            ends.iter()
+                .filter_map(|(p, end)| {
+                    let floor = checkpoints.get(p).map_or(0, |(floor, _)| *floor);
+                    (floor < *end).then(|| format!("partition {p} checkpointed to {floor} of {end}"))
+                })
+                .collect()
+        };
+        let mut turn = 0;
+        loop {
+            let left = behind();
+            if left.is_empty() {
+                self.record(start, Op::Drained { group: group.into(), why: String::new() });
+                return;
+            }
+            if now() >= deadline {
+                let why = format!("not within {RECOVERY:?}: {}", left.join(", "));
+                self.record(start, Op::Drained { group: group.into(), why });
+                return;
+            }
+            let member = MEMBERS[turn % MEMBERS.len()];
+            turn += 1;
+            let via = self.agent(rng);
+            if let Ok(delivered) = self.poll(group, mode, member, &via, Duration::from_millis(500)).await {
+                let acks = delivered.iter().map(|d| (d.partition, d.offset)).collect();
+                self.ack(group, &via, acks).await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
     }
 
     async fn produce(self: Arc<Clients>, producer: usize, seed: u64, phase_end: Ms) {
@@ -157,6 +350,10 @@ impl Clients {
             attempt += 1;
             match self.read_all(&via, partition).await {
                 Ok((log, hwm)) if hwm >= acked_end.unwrap_or(0) => {
+                    self.final_end
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(partition, hwm);
                     self.record(start, Op::Final { partition, log: Some(log), why: String::new() });
                     return;
                 }
@@ -196,14 +393,9 @@ impl Clients {
 }
 
 fn seen(records: &[Record]) -> Vec<Seen> {
-    records
-        .iter()
-        .map(|r| Seen {
-            offset: r.offset,
-            value: r
-                .value
-                .as_deref()
-                .map_or_else(|| "<none>".to_string(), |v| String::from_utf8_lossy(v).into_owned()),
-        })
-        .collect()
+    records.iter().map(|r| Seen { offset: r.offset, value: value_of(r) }).collect()
+}
+
+fn value_of(record: &Record) -> String {
+    record.value.as_deref().map_or_else(|| "<none>".to_string(), |v| String::from_utf8_lossy(v).into_owned())
 }

@@ -164,6 +164,19 @@ impl World {
         })
     }
 
+    /// The ack checkpoints of `group` on `topic` metadata holds, per partition: the floor and
+    /// the acknowledged ranges above it.
+    pub(crate) fn checkpoints(&self, group: &str, topic: &str) -> BTreeMap<u32, (u64, Vec<(u64, u64)>)> {
+        let Some(node) = lock(&self.metadata).clone() else { return BTreeMap::new() };
+        node.read_local(|s| {
+            s.groups
+                .get(group)
+                .and_then(|g| g.topics.get(topic))
+                .map(|t| t.acks.iter().map(|(p, a)| (*p, (a.floor, a.acked.clone()))).collect())
+                .unwrap_or_default()
+        })
+    }
+
     /// After the process of agent `id` was killed: the next one starts afresh (without the
     /// old one's distrust of its directories and injected faults).
     pub(crate) fn forget_process(&self, id: &str) {

@@ -33,18 +33,21 @@ impl Agent {
             let notified = self.inner.appended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (delivered, remote) = self.collect_everywhere(&req, &topic, &partitions).await?;
+            let (delivered, local, remote) = self.collect_everywhere(&req, &topic, &partitions).await?;
             if !delivered.is_empty() || Instant::now() >= deadline {
                 return Ok(delivered);
             }
             // Wake on new data, on the next lease expiry, or at the deadline (at least every second
             // so that assignment changes are seen, and often when other agents write some of the
-            // partitions: their new data does not wake this agent).
+            // partitions: their new data does not wake this agent). Only the leases of the
+            // partitions served here count: one whose writer cannot start keeps its expired
+            // leases until it does, and must not wake the poll at once, again and again.
             let every = if remote { REMOTE_POLL_INTERVAL } else { Duration::from_secs(1) };
             let mut wake = deadline.min(Instant::now() + every);
-            if let Some(d) = self.earliest_deadline(&req, &partitions) {
-                let now = self.now_ms();
-                wake = wake.min(Instant::now() + Duration::from_millis(d.saturating_sub(now)));
+            if let Some(d) = self.earliest_deadline(&req, &local) {
+                let now = self.lease_clock_ms();
+                let until = Duration::from_millis(d.saturating_sub(now)).max(LEASE_WAKE_MIN);
+                wake = wake.min(Instant::now() + until);
             }
             tokio::select! {
                 _ = &mut notified => {}
@@ -55,13 +58,14 @@ impl Agent {
     }
 
     /// Delivers from the partitions this agent writes, and asks the writers of the others.
-    /// Returns what was delivered and whether any partition is written elsewhere.
+    /// Returns what was delivered, the partitions served here, and whether any partition is
+    /// written elsewhere.
     async fn collect_everywhere(
         &self,
         req: &PollRequest,
         topic: &TopicInfo,
         partitions: &[u32],
-    ) -> Result<(Vec<Delivered>, bool), ApiError> {
+    ) -> Result<(Vec<Delivered>, Vec<u32>, bool), ApiError> {
         let mut local = Vec::new();
         let mut remote: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
         let mut unavailable = None;
@@ -108,7 +112,7 @@ impl Agent {
                 Err(e) => return Err(e),
             }
         }
-        Ok((delivered, !remote.is_empty()))
+        Ok((delivered, local, !remote.is_empty()))
     }
 
     /// Delivers messages of partitions this agent writes to a member polling through another
@@ -206,7 +210,17 @@ impl Agent {
             .min()
     }
 
-    fn load_cursor(&self, group: &str, topic: &TopicInfo, partition: u32, log_start: u64) -> GroupCursor {
+    /// The delivery state of `group` on a partition this agent writes at `epoch`, from the
+    /// checkpoint in this agent's copy of metadata: a copy that shows this agent as the writer
+    /// at `epoch` holds every checkpoint an earlier writer's cursor got in (those of later
+    /// ones are refused, `CommitAcks`'s epoch).
+    fn load_cursor(
+        &self,
+        group: &str,
+        topic: &TopicInfo,
+        (partition, epoch): (u32, u64),
+        log_start: u64,
+    ) -> GroupCursor {
         let (floor, acked) = self.inner.metadata.read_local(|s| {
             s.groups
                 .get(group)
@@ -215,7 +229,7 @@ impl Agent {
                 .map(|cp| (cp.floor, cp.acked.clone()))
                 .unwrap_or_default()
         });
-        GroupCursor::from_checkpoint(topic.id, floor, &acked, log_start)
+        GroupCursor::from_checkpoint(topic.id, epoch, floor, &acked, log_start)
     }
 
     /// Delivers what `budget` allows from `partitions` (all written here) to a member.
@@ -253,18 +267,21 @@ impl Agent {
             let reader = Arc::clone(handle.reader());
             let key: CursorKey = (req.group.clone(), req.topic.clone(), p);
             // Phase 1: under the lock, decide redeliveries and dead letters.
-            let now = self.now_ms();
+            let now = self.lease_clock_ms();
             let (expired, next_offset) = {
                 let mut cursors = lock(&self.inner.cursors);
                 let earliest = self.earliest_offset(&req.topic, p, reader.log_start());
-                let stale = cursors.get(&key).is_some_and(|c| c.topic_id() != topic.id);
+                let epoch = handle.epoch();
+                let stale = cursors.get(&key).is_some_and(|c| c.topic_id() != topic.id || c.epoch() != epoch);
                 if stale {
                     // The topic was deleted and created again: its old delivery state is gone.
+                    // Or the writer started again under a new epoch: the state is loaded again
+                    // from the checkpoints (another writer may have delivered meanwhile).
                     cursors.remove(&key);
                 }
                 let cursor = cursors
                     .entry(key.clone())
-                    .or_insert_with(|| self.load_cursor(&req.group, topic, p, earliest));
+                    .or_insert_with(|| self.load_cursor(&req.group, topic, (p, epoch), earliest));
                 let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
                 for e in &expired {
                     if let Expired::Redeliver { offset, .. } = e {
@@ -310,7 +327,7 @@ impl Agent {
             // Phase 3: deliver what nobody else took meanwhile.
             let mut cursors = lock(&self.inner.cursors);
             let Some(cursor) = cursors.get_mut(&key) else { continue };
-            let deadline = self.now_ms() + visibility_ms;
+            let deadline = self.lease_clock_ms() + visibility_ms;
             for record in records {
                 if out.len() >= max || !cursor.has_room() {
                     break;
@@ -561,10 +578,10 @@ impl Agent {
             .filter(|(_, c)| c.is_dirty())
             .map(|(k, c)| {
                 let (floor, acked) = c.take_checkpoint();
-                (k.clone(), c.topic_id(), floor, acked)
+                (k.clone(), (c.topic_id(), c.epoch()), floor, acked)
             })
             .collect();
-        for ((group, topic, partition), topic_id, floor, acked) in dirty {
+        for ((group, topic, partition), (topic_id, epoch), floor, acked) in dirty {
             let hwm = crate::sync::read_lock(&self.inner.partitions)
                 .get(&PartitionKey::new(&topic, partition))
                 .map(|r| r.handle.reader().high_watermark());
@@ -582,21 +599,24 @@ impl Agent {
                 topic: topic.clone(),
                 topic_id: Some(topic_id),
                 partition,
+                epoch: Some(epoch),
                 floor,
                 acked,
             };
             match self.inner.metadata.write(cmd).await {
                 Ok(_) => {}
-                // The topic or group is gone, or was created again: this state is stale.
+                // The topic or group is gone, or was created again, or another writer took the
+                // partition (its cursor carries on): this state is stale.
                 Err(
                     MetadataError::UnknownTopic(_)
                     | MetadataError::UnknownGroup(_)
-                    | MetadataError::InvalidArgument(_),
+                    | MetadataError::InvalidArgument(_)
+                    | MetadataError::Fenced { .. },
                 ) => {
                     let mut cursors = lock(&self.inner.cursors);
                     if cursors
                         .get(&(group.clone(), topic.clone(), partition))
-                        .is_some_and(|c| c.topic_id() == topic_id)
+                        .is_some_and(|c| c.topic_id() == topic_id && c.epoch() == epoch)
                     {
                         cursors.remove(&(group, topic, partition));
                     }

@@ -45,6 +45,7 @@ impl Agent {
                 repairing: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 repair_failures: Mutex::new(HashMap::new()),
                 silent_waits: Arc::default(),
+                started: Instant::now(),
                 instance,
                 incarnation: std::sync::atomic::AtomicU64::new(0),
                 lease_until: Mutex::new(None),

@@ -67,6 +67,9 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long an agent that did not answer counts as unreachable before it is asked whether it
 /// answers again (less than `transport::UNREACHABLE_FOR`).
 const PROBE_AFTER: Duration = Duration::from_secs(3);
+/// The shortest wait of a poll for a message's lease to expire (one that expired already but
+/// was not delivered again is not waited for in a loop that does not let time pass).
+const LEASE_WAKE_MIN: Duration = Duration::from_millis(10);
 /// How often the agent compares the partitions it runs with the ones metadata gives it.
 const SUPERVISE_INTERVAL: Duration = Duration::from_millis(250);
 /// How often the agent measures the disk space its logs take and the space left.
@@ -311,8 +314,8 @@ impl TopicInfo {
 /// A followed partition's replica; `None` once closed (the agent writes the partition now, or
 /// the replica failed and is opened again from disk).
 type SharedReplica = Arc<Mutex<Option<Replica>>>;
-/// A cursor's key with its topic id, the floor and acked ranges to checkpoint.
-type Checkpoint = (CursorKey, u64, u64, Vec<(u64, u64)>);
+/// A cursor's key with its topic id and writer epoch, the floor and acked ranges to checkpoint.
+type Checkpoint = (CursorKey, (u64, u64), u64, Vec<(u64, u64)>);
 
 /// The agent. Cheap to clone.
 #[derive(Clone)]
@@ -363,6 +366,9 @@ struct Inner {
     repair_failures: Mutex<HashMap<(String, u32, u64, String), Instant>>,
     /// When this process's recoveries began waiting for silent members of open segments.
     silent_waits: Arc<crate::replication::recovery::SilentWaits>,
+    /// When the agent started: the origin of the monotonic clock delivery leases are measured
+    /// by ([`Agent::lease_clock_ms`]).
+    started: Instant,
     /// Writers that failed to start (see [`START_RETRY_INTERVAL`]).
     start_failures: Mutex<HashMap<PartitionKey, StartFailure>>,
     /// Agents found unreachable that were asked lately whether they answer again, and when.
@@ -477,6 +483,13 @@ impl Agent {
     /// The time of day, from the agent's clock.
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
+    }
+
+    /// Milliseconds since the agent started, on the monotonic clock: what the visibility
+    /// timeouts of messages in flight are measured by, so that a step of the time of day
+    /// neither delivers them again early nor holds them back for the length of the step.
+    fn lease_clock_ms(&self) -> u64 {
+        self.inner.started.elapsed().as_millis() as u64
     }
 
     /// This agent's id.

@@ -290,11 +290,17 @@ impl Agent {
                 topic: topic.to_string(),
                 topic_id: Some(cursor.topic_id()),
                 partition,
+                epoch: Some(cursor.epoch()),
                 floor,
                 acked: acked.into_iter().take(silt_metadata::state::ACKED_RANGES_MAX).collect(),
             };
             match self.inner.metadata.write(cmd).await {
-                Ok(_) | Err(MetadataError::UnknownTopic(_) | MetadataError::UnknownGroup(_)) => {}
+                Ok(_)
+                | Err(
+                    MetadataError::UnknownTopic(_)
+                    | MetadataError::UnknownGroup(_)
+                    | MetadataError::Fenced { .. },
+                ) => {}
                 Err(e) => {
                     warn!(error = %e, group, topic, partition, "checkpointing the acks of a partition this agent stopped writing failed; they are delivered again")
                 }

@@ -341,6 +341,12 @@ pub enum Command {
         topic_id: Option<u64>,
         /// Partition number.
         partition: u32,
+        /// If set, the command is refused (`Fenced`) unless the partition's writer epoch is
+        /// still this: the cursor that sends it was loaded by the writer of that epoch, and
+        /// once another writer took the partition, that one's cursor carries on (a deposed
+        /// writer's acknowledgements are delivered again instead of checkpointed behind it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch: Option<u64>,
         /// Everything below is acknowledged.
         floor: u64,
         /// Acknowledged inclusive ranges above the floor.

@@ -66,14 +66,16 @@ impl MetadataState {
         group: &str,
         topic: &str,
         topic_id: Option<u64>,
-        partition: u32,
+        (partition, epoch): (u32, Option<u64>),
         floor: u64,
         acked: &[(u64, u64)],
     ) -> Result<Response, MetadataError> {
         self.check_topic_id(topic, topic_id)?;
-        let partitions = self.topic(topic)?.partitions.len() as u32;
-        if partition >= partitions {
+        let Some(p) = self.topic(topic)?.partitions.get(partition as usize) else {
             return Err(MetadataError::UnknownPartition { topic: topic.to_string(), partition });
+        };
+        if let Some(epoch) = epoch.filter(|e| *e != p.epoch) {
+            return Err(MetadataError::Fenced { expected: epoch, actual: p.epoch });
         }
         if acked.len() > ACKED_RANGES_MAX {
             return Err(MetadataError::InvalidArgument(format!(

@@ -439,8 +439,8 @@ impl MetadataState {
                 self.join_group(group, topic, member, *mode, *session_timeout_ms, *now_ms)
             }
             Command::LeaveGroup { group, topic, member } => self.leave_group(group, topic, member),
-            Command::CommitAcks { group, topic, topic_id, partition, floor, acked } => {
-                self.commit_acks(group, topic, *topic_id, *partition, *floor, acked)
+            Command::CommitAcks { group, topic, topic_id, partition, epoch, floor, acked } => {
+                self.commit_acks(group, topic, *topic_id, (*partition, *epoch), *floor, acked)
             }
             Command::DeleteGroup { group } => self.delete_group(group),
             Command::RegisterAgent { agent, instance, addr, lease_ms, now_ms } => {

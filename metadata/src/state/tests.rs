@@ -164,6 +164,7 @@ fn commands_for_a_deleted_topic_do_not_touch_its_successor() {
         topic: "t".into(),
         topic_id: Some(old_id),
         partition: 0,
+        epoch: None,
         floor: 10,
         acked: vec![],
     };
@@ -587,16 +588,18 @@ fn ack_floor_never_moves_backwards() {
     let mut s = MetadataState::default();
     create(&mut s, "t", 1);
     join(&mut s, "m1", 1);
-    let commit = |s: &mut MetadataState, floor, acked: Vec<(u64, u64)>| {
+    let commit_at = |s: &mut MetadataState, epoch, floor, acked: Vec<(u64, u64)>| {
         s.apply(&Command::CommitAcks {
             group: "g".into(),
             topic: "t".into(),
             topic_id: None,
             partition: 0,
+            epoch,
             floor,
             acked,
         })
     };
+    let commit = |s: &mut MetadataState, floor, acked| commit_at(s, None, floor, acked);
     assert_eq!(commit(&mut s, 10, vec![(12, 14)]), Response::Ok);
     assert_eq!(commit(&mut s, 5, vec![(11, 11)]), Response::Ok);
     let cp = &s.groups["g"].topics["t"].acks[&0];
@@ -607,6 +610,27 @@ fn ack_floor_never_moves_backwards() {
     assert_eq!((cp.floor, cp.acked.clone()), (15, vec![]));
     assert!(matches!(commit(&mut s, 1, vec![]), Response::Ok));
     assert_eq!(s.groups["g"].topics["t"].acks[&0].floor, 15);
+    // A checkpoint from the cursor of the partition's writer at its epoch is taken; one from a
+    // cursor of an earlier writer is refused and changes nothing.
+    let epoch = s.topics["t"].partitions[0].epoch;
+    assert_eq!(commit_at(&mut s, Some(epoch), 16, vec![]), Response::Ok);
+    let before = s.clone();
+    assert_eq!(
+        commit_at(&mut s, Some(epoch + 1), 20, vec![]),
+        Response::Error { error: MetadataError::Fenced { expected: epoch + 1, actual: epoch } }
+    );
+    let claim = Command::ClaimWriter {
+        topic_id: None,
+        topic: "t".into(),
+        partition: 0,
+        agent: "b".into(),
+        expected_epoch: Some(epoch),
+    };
+    assert!(matches!(s.apply(&claim), Response::Epoch { .. }));
+    let claimed = s.clone();
+    assert!(matches!(commit_at(&mut s, Some(epoch), 30, vec![(32, 33)]), Response::Error { .. }));
+    assert_eq!(s.groups, claimed.groups, "a deposed writer's cursor checkpointed nothing");
+    assert_eq!(before.groups["g"].topics["t"].acks[&0].floor, 16);
 }
 
 #[test]

@@ -506,7 +506,7 @@ async fn exercise(
                 acked += usize::from(result.is_ok());
             }
             Op::Read { .. } => reads += 1,
-            Op::Final { .. } => {}
+            _ => {}
         }
     }
     let faults = lock(&faults_log).len();
