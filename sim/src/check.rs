@@ -48,8 +48,8 @@ pub fn check(history: &History) -> Result<(), Violation> {
     // A partition read only part of the way: judged `unrecovered` unless what it lost of the
     // acknowledged messages says more.
     let mut unrecovered = None;
-    // The last read of each partition to its end is its final log (with `--groups`, each is
-    // read again after the groups are drained).
+    // The longest read of each partition to its end is its final log (with `--groups`, each
+    // is read again after the groups are drained).
     for e in &history.events {
         if let Op::Final { partition, log, why } = &e.op {
             let Some(log) = log else {
@@ -58,7 +58,10 @@ pub fn check(history: &History) -> Result<(), Violation> {
             if !why.is_empty() && unrecovered.is_none() {
                 unrecovered = Some(format!("partition {partition}: {why}"));
             }
-            finals.insert(*partition, log.iter().map(|r| (r.offset, r.value.as_str())).collect());
+            // A read cut short never replaces a longer one (the log only grows).
+            if finals.get(partition).is_none_or(|f| f.len() <= log.len()) {
+                finals.insert(*partition, log.iter().map(|r| (r.offset, r.value.as_str())).collect());
+            }
         }
     }
     let empty = BTreeMap::new();
@@ -192,21 +195,22 @@ fn check_groups<'a>(
                     }
                 }
                 let before = seen.last().copied();
-                let newly = final_of(*partition).keys().find(|o| {
-                    covers(*floor, acked, **o) && !before.is_some_and(|(_, f, a)| covers(f, a, **o))
+                let sent = |o: u64| ack_sent.get(&(group.as_str(), *partition, o)).copied();
+                let unacked = final_of(*partition).keys().find(|o| {
+                    covers(*floor, acked, **o)
+                        && !before.is_some_and(|(_, f, a)| covers(f, a, **o))
+                        && sent(**o).is_none_or(|at| at > e.end)
                 });
-                if let Some(offset) = newly {
-                    let sent = ack_sent.get(&(group.as_str(), *partition, *offset));
-                    if sent.is_none_or(|at| *at > e.end) {
-                        return violation(
-                            "checkpointed-unacked",
-                            format!(
-                                "group {group} partition {partition}: the checkpoint at {} ms (floor {floor}) covers offset {offset}, which no member had acknowledged{}",
-                                e.end,
-                                sent.map_or(String::new(), |at| format!(" (the first ack of it was sent at {at} ms)"))
-                            ),
-                        );
-                    }
+                if let Some(offset) = unacked {
+                    let first_ack = sent(*offset)
+                        .map_or(String::new(), |at| format!(" (the first ack of it was sent at {at} ms)"));
+                    return violation(
+                        "checkpointed-unacked",
+                        format!(
+                            "group {group} partition {partition}: the checkpoint at {} ms (floor {floor}) covers offset {offset}, which no member had acknowledged{first_ack}",
+                            e.end
+                        ),
+                    );
                 }
                 seen.push((e.end, *floor, acked));
             }
@@ -418,6 +422,8 @@ mod tests {
         assert_eq!(with_log(in_flight_checkpointed), Err("checkpointed-unacked"));
         let before_its_ack = vec![poll(1, &[(1, "m1")]), checkpoint(3, 0, &[(1, 1)]), ack(4, &[1])];
         assert_eq!(with_log(before_its_ack), Err("checkpointed-unacked"));
+        let one_in_the_middle = vec![poll(1, &log), ack(2, &[0, 2]), checkpoint(3, 3, &[])];
+        assert_eq!(with_log(one_in_the_middle), Err("checkpointed-unacked"));
         assert_eq!(with_log(vec![drained("partition 0 checkpointed to 1 of 3")]), Err("group-undrained"));
     }
 

@@ -268,28 +268,34 @@ impl Agent {
             let key: CursorKey = (req.group.clone(), req.topic.clone(), p);
             // Phase 1: under the lock, decide redeliveries and dead letters.
             let now = self.lease_clock_ms();
-            let (expired, next_offset) = {
+            let picked = {
                 let mut cursors = lock(&self.inner.cursors);
                 let earliest = self.earliest_offset(&req.topic, p, reader.log_start());
                 let epoch = handle.epoch();
-                let stale = cursors.get(&key).is_some_and(|c| c.topic_id() != topic.id || c.epoch() != epoch);
-                if stale {
+                let same_topic = |c: &GroupCursor| c.topic_id() == topic.id;
+                // A writer of a newer epoch started here while this poll held the older one's
+                // handle: its cursor is not this poll's to touch.
+                let newer = cursors.get(&key).is_some_and(|c| same_topic(c) && c.epoch() > epoch);
+                if cursors.get(&key).is_some_and(|c| !same_topic(c) || c.epoch() < epoch) {
                     // The topic was deleted and created again: its old delivery state is gone.
                     // Or the writer started again under a new epoch: the state is loaded again
                     // from the checkpoints (another writer may have delivered meanwhile).
                     cursors.remove(&key);
                 }
-                let cursor = cursors
-                    .entry(key.clone())
-                    .or_insert_with(|| self.load_cursor(&req.group, topic, (p, epoch), earliest));
-                let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
-                for e in &expired {
-                    if let Expired::Redeliver { offset, .. } = e {
-                        cursor.redeliver(*offset, now + visibility_ms);
+                (!newer).then(|| {
+                    let cursor = cursors
+                        .entry(key.clone())
+                        .or_insert_with(|| self.load_cursor(&req.group, topic, (p, epoch), earliest));
+                    let expired = cursor.expired(now, topic.config.max_deliveries, max - out.len());
+                    for e in &expired {
+                        if let Expired::Redeliver { offset, .. } = e {
+                            cursor.redeliver(*offset, now + visibility_ms);
+                        }
                     }
-                }
-                (expired, cursor.has_room().then_some(cursor.next_offset()))
+                    (expired, cursor.has_room().then_some(cursor.next_offset()))
+                })
             };
+            let Some((expired, next_offset)) = picked else { continue };
             // Phase 2: read what phase 1 picked, and new messages, without the lock. A message
             // picked for redelivery that does not fit in what is left of the poll's bytes is
             // handed back, due again at once, and so is every one picked after it.
