@@ -882,17 +882,20 @@ async fn a_writer_cut_off_from_the_other_agents_but_not_from_metadata_hands_its_
 }
 
 /// The same with two replicas (W = 2) and a lease as long as agents remember a peer that did
-/// not answer: the cut-off writer's recovery needs no other agent (it seals its open segment at
-/// its own end, which may hold batches the other member never got), so it starts, loses its
-/// quorum at the first append and starts again. It hands its partitions over all the same, and
-/// what it sealed stays readable from it.
+/// not answer: the cut-off writer's recovery needs no other agent to answer, but the other
+/// member holds less than W copies of the tail without it, so each recovery (the cut-off
+/// writer's, then the next writer's, which cannot reach it either) waits for the silent member
+/// up to `--replica-repair-after` (5 s here) from the first that waited, then seals on the
+/// member that answered. The writer hands its partitions over all the same, and what was
+/// sealed stays readable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_writer_whose_recovery_needs_no_other_agent_hands_over_too() {
     let config = BTreeMap::from([
         ("replication.factor".to_string(), "2".to_string()),
         ("segment.bytes".to_string(), "65536".to_string()),
     ]);
-    cut_off_writer_hands_its_partitions_over(&Cluster::start_with_lease(3, &[], "10s").await, config).await;
+    let cluster = Cluster::start_with_lease(3, &["--replica-repair-after", "5s"], "10s").await;
+    cut_off_writer_hands_its_partitions_over(&cluster, config).await;
 }
 
 async fn cut_off_writer_hands_its_partitions_over(cluster: &Cluster, config: BTreeMap<String, String>) {
