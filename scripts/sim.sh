@@ -5,11 +5,12 @@
 #
 #   scripts/sim.sh HOURS [FIRST_SEED]      e.g. scripts/sim.sh 6, scripts/sim.sh 0.1 50000
 #
-# The log of every round goes to $SILT_SIM_LOG (default target/sim-<first seed>.log).
+# $SILT_SIM_OPTIONS adds silt-sim's options (e.g. "--archive --groups"); the log of every round
+# goes to $SILT_SIM_LOG (default target/sim-<first seed>.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [[ $# -ge 1 && $# -le 2 ]] || usage
 hours=$1
 first=${2:-0}
@@ -20,6 +21,13 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/silt-target}"
 cargo build --release --locked -p silt-sim
 sim="$CARGO_TARGET_DIR/release/silt-sim"
 jobs=$(nproc)
+read -r -a options <<<"${SILT_SIM_OPTIONS:-}"
+for option in "${options[@]}"; do
+  case $option in
+    --archive | --groups | --disk-loss | --recreate) ;;
+    *) echo "sim.sh: SILT_SIM_OPTIONS may hold --archive, --groups, --disk-loss and --recreate, not '$option'" >&2; exit 2 ;;
+  esac
+done
 log=${SILT_SIM_LOG:-target/sim-$first.log}
 mkdir -p "$(dirname "$log")"
 : >"$log"
@@ -31,7 +39,7 @@ failed=0
 started=$(date +%s)
 deadline=$(awk -v s="$started" -v h="$hours" 'BEGIN { printf "%d", s + h * 3600 }')
 while (($(date +%s) < deadline)); do
-  out=$("$sim" --seeds "$seed..$((seed + round))" -j "$jobs" || true)
+  out=$("$sim" --seeds "$seed..$((seed + round))" -j "$jobs" "${options[@]}" || true)
   printf '%s\n' "$out" >>"$log"
   summary=$(printf '%s\n' "$out" | tail -n 1)
   if [[ ! $summary =~ ^([0-9]+)\ seeds,\ ([0-9]+)\ failed$ ]]; then

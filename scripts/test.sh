@@ -57,6 +57,8 @@ echo "== simulation with a writer's disk replaced: seeds 0..${SILT_SIM_DISK_LOSS
 "$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_DISK_LOSS_SEEDS:-30}" --disk-loss -j "$(nproc)" || status=$?
 echo "== simulation with consumer groups: seeds 0..${SILT_SIM_GROUPS_SEEDS:-30}"
 "$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_GROUPS_SEEDS:-30}" --groups -j "$(nproc)" || status=$?
+echo "== simulation with the archive: seeds 0..${SILT_SIM_ARCHIVE_SEEDS:-30}"
+"$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_ARCHIVE_SEEDS:-30}" --archive -j "$(nproc)" || status=$?
 # A short schedule of real processes under real faults (docs/reliability.md); scripts/faults.sh
 # MINUTES runs it longer.
 if [[ $(id -u) -eq 0 ]]; then

@@ -45,8 +45,9 @@ pub struct DevConfig {
     pub agents: u32,
 }
 
-/// The compactor reads sealed segments from the agent in the same process.
-struct LocalAgent(Agent);
+/// The compactor reads sealed segments from the agent in the same process (in `silt dev`, in
+/// each `silt agent`, and in each agent `silt-sim` runs).
+pub struct LocalAgent(pub Agent);
 
 #[async_trait::async_trait]
 impl SegmentSource for LocalAgent {

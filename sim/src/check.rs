@@ -26,10 +26,25 @@
 //!   had been sent): no message is done with for a group unless a member said so.
 //! - `group-undrained`: once every fault is healed, polling and acknowledging everything
 //!   brings each group's checkpoints to the end of every partition's final log.
+//!
+//! With the topic deleted and created again during the faults (`silt-sim --recreate`), the
+//! operations before it are judged by the properties above that need no final log (an
+//! acknowledgement and a read, or two reads, never name different messages at one offset;
+//! reads in order; no watermark going back), those after it by all of them, and:
+//!
+//! - `deleted-returned`: no message produced to the deleted topic is read from the new one
+//!   (acknowledged or not: a produce that failed may have landed only in the deleted topic).
+//!
+//! With the archive (`silt-sim --archive`):
+//!
+//! - `archive-differs`: every object in the bucket, read directly, holds at each offset the
+//!   message the final log holds there, and one that a segment of metadata points to holds
+//!   every offset of the final log in that segment's range (the archive equals the log; reads
+//!   of archived offsets through agents are judged as every read is).
 
 use std::collections::BTreeMap;
 
-use crate::history::{Delivery, History, Op, Seen};
+use crate::history::{Delivery, Event, History, Op, Seen};
 
 /// The first property a history violates, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,13 +59,63 @@ fn violation(property: &'static str, detail: String) -> Result<(), Violation> {
 
 /// Checks `history` (see the module documentation).
 pub fn check(history: &History) -> Result<(), Violation> {
+    let recreated = history.events.iter().find(|e| matches!(e.op, Op::Recreate { .. }));
+    let Some(recreated) = recreated else {
+        return check_log(&history.events.iter().collect::<Vec<_>>(), false);
+    };
+    if let Op::Recreate { result: Err(why) } = &recreated.op {
+        return violation("unrecovered", format!("the topic could not be deleted and created again: {why}"));
+    }
+    // The clients wait while the topic is deleted and created again: every other operation
+    // ran before it, on the deleted topic, or after it, on the new one.
+    let before: Vec<&Event> = history.events.iter().filter(|e| e.end <= recreated.start).collect();
+    let after: Vec<&Event> = history.events.iter().filter(|e| e.start >= recreated.end).collect();
+    check_log(&before, true)?;
+    check_log(&after, false)?;
+    check_deleted_stays_deleted(&before, &after)
+}
+
+/// `deleted-returned`: no message produced to the deleted topic is read from the new one.
+fn check_deleted_stays_deleted(before: &[&Event], after: &[&Event]) -> Result<(), Violation> {
+    let mut produced: BTreeMap<&str, Option<u64>> = BTreeMap::new();
+    for e in before {
+        if let Op::Produce { value, result, .. } = &e.op {
+            produced.insert(value.as_str(), result.as_ref().ok().copied());
+        }
+    }
+    for e in after {
+        let (partition, records, how) = match &e.op {
+            Op::Read { partition, via, result: Ok((records, ..)), .. } => {
+                (*partition, records, format!("a read via {via} at {} ms", e.end))
+            }
+            Op::Final { partition, log: Some(log), .. } => (*partition, log, "the final log".to_string()),
+            _ => continue,
+        };
+        for Seen { offset, value } in records {
+            if let Some(acked) = produced.get(value.as_str()) {
+                let was = acked.map_or("its produce failed".to_string(), |o| format!("acknowledged at {o}"));
+                return violation(
+                    "deleted-returned",
+                    format!(
+                        "{how} returned {value} at partition {partition} offset {offset} of the new topic; it was produced to the deleted one ({was})"
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the operations on one topic (see the module documentation); `deleted`: the topic was
+/// deleted, and there is no final log to judge by.
+fn check_log(events: &[&Event], deleted: bool) -> Result<(), Violation> {
     let mut finals: BTreeMap<u32, BTreeMap<u64, &str>> = BTreeMap::new();
     // A partition read only part of the way: judged `unrecovered` unless what it lost of the
     // acknowledged messages says more.
     let mut unrecovered = None;
     // The longest read of each partition to its end is its final log (with `--groups`, each
     // is read again after the groups are drained).
-    for e in &history.events {
+    for e in events {
         if let Op::Final { partition, log, why } = &e.op {
             let Some(log) = log else {
                 return violation("unrecovered", format!("partition {partition}: {why}"));
@@ -69,7 +134,7 @@ pub fn check(history: &History) -> Result<(), Violation> {
 
     // Acknowledgements: one message per offset, each in the final log.
     let mut acked: BTreeMap<(u32, u64), (&str, u64)> = BTreeMap::new();
-    for e in &history.events {
+    for e in events {
         let Op::Produce { partition, value, result: Ok(offset), .. } = &e.op else { continue };
         if let Some((other, _)) = acked.get(&(*partition, *offset)) {
             if *other != value {
@@ -81,7 +146,7 @@ pub fn check(history: &History) -> Result<(), Violation> {
         }
         acked.insert((*partition, *offset), (value.as_str(), e.end));
     }
-    for ((partition, offset), (value, at)) in &acked {
+    for ((partition, offset), (value, at)) in acked.iter().filter(|_| !deleted) {
         match final_of(*partition).get(offset) {
             Some(v) if v == value => {}
             Some(v) => {
@@ -105,7 +170,7 @@ pub fn check(history: &History) -> Result<(), Violation> {
 
     // Reads: in order, below their watermark, never undone, never behind an acknowledgement.
     let mut read_at: BTreeMap<(u32, u64), &str> = BTreeMap::new();
-    for e in &history.events {
+    for e in events {
         let Op::Read { partition, via, from, result: Ok((records, _next, hwm)) } = &e.op else { continue };
         let mut expected_above = *from;
         for (i, Seen { offset, value }) in records.iter().enumerate() {
@@ -122,6 +187,20 @@ pub fn check(history: &History) -> Result<(), Violation> {
                         "two-messages-at-one-offset",
                         format!("partition {partition} offset {offset} read as {other} and as {value}"),
                     );
+                }
+            }
+            if deleted {
+                // No final log: judged by what was acknowledged.
+                match acked.get(&(*partition, *offset)) {
+                    Some((v, _)) if v != value => {
+                        return violation(
+                            "two-messages-at-one-offset",
+                            format!(
+                                "partition {partition} offset {offset} acknowledged for {v}, read as {value}"
+                            ),
+                        )
+                    }
+                    _ => continue,
                 }
             }
             match final_of(*partition).get(offset) {
@@ -150,7 +229,55 @@ pub fn check(history: &History) -> Result<(), Violation> {
             );
         }
     }
-    check_groups(history, &final_of)
+    check_groups(events, &final_of)?;
+    check_archive(events, &final_of)
+}
+
+/// The archive's property (see the module documentation).
+fn check_archive<'a>(
+    events: &[&'a Event],
+    final_of: &dyn Fn(u32) -> &'a BTreeMap<u64, &'a str>,
+) -> Result<(), Violation> {
+    for e in events {
+        let Op::Archived { key, segment, result } = &e.op else { continue };
+        let (partition, records) = match result {
+            Ok(read) => read,
+            Err(why) => return violation("archive-differs", format!("object {key} cannot be read: {why}")),
+        };
+        let log = final_of(*partition);
+        for Seen { offset, value } in records {
+            match log.get(offset) {
+                Some(v) if v == value => {}
+                found => {
+                    return violation(
+                        "archive-differs",
+                        format!(
+                            "object {key} holds {value} at partition {partition} offset {offset}; the log holds {}",
+                            found.map_or("nothing there".to_string(), |v| v.to_string())
+                        ),
+                    )
+                }
+            }
+        }
+        if let Some((p, base, last)) = segment {
+            if p != partition {
+                return violation(
+                    "archive-differs",
+                    format!("object {key} of partition {partition} is archived for partition {p}"),
+                );
+            }
+            let held: std::collections::BTreeSet<u64> = records.iter().map(|r| r.offset).collect();
+            if let Some((offset, value)) = log.range(*base..=*last).find(|(o, _)| !held.contains(o)) {
+                return violation(
+                    "archive-differs",
+                    format!(
+                        "object {key}, archived for offsets {base}..={last} of partition {partition}, lacks offset {offset} ({value})"
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a checkpoint (`floor`, inclusive `acked` ranges) covers `offset`.
@@ -160,7 +287,7 @@ fn covers(floor: u64, acked: &[(u64, u64)], offset: u64) -> bool {
 
 /// The consumer groups' properties (see the module documentation).
 fn check_groups<'a>(
-    history: &'a History,
+    events: &[&'a Event],
     final_of: &dyn Fn(u32) -> &'a BTreeMap<u64, &'a str>,
 ) -> Result<(), Violation> {
     // Checkpoints in the order they were seen, per group and partition: (seen at, floor, acked).
@@ -168,7 +295,7 @@ fn check_groups<'a>(
     let mut checkpoints: BTreeMap<(&str, u32), Vec<Seen>> = BTreeMap::new();
     // When a member first asked to acknowledge each message, per group.
     let mut ack_sent: BTreeMap<(&str, u32, u64), u64> = BTreeMap::new();
-    for e in &history.events {
+    for e in events {
         if let Op::Ack { group, messages, .. } = &e.op {
             for (partition, offset) in messages {
                 let at = ack_sent.entry((group.as_str(), *partition, *offset)).or_insert(e.start);
@@ -176,7 +303,7 @@ fn check_groups<'a>(
             }
         }
     }
-    for e in &history.events {
+    for e in events {
         match &e.op {
             Op::Checkpoint { group, partition, floor, acked } => {
                 let seen = checkpoints.entry((group.as_str(), *partition)).or_default();
@@ -248,7 +375,7 @@ fn check_groups<'a>(
             _ => {}
         }
     }
-    for e in &history.events {
+    for e in events {
         if let Op::Drained { group, why } = &e.op {
             if !why.is_empty() {
                 return violation("group-undrained", format!("group {group}: {why}"));
@@ -432,5 +559,78 @@ mod tests {
         // The read started before the produce ended: it may answer the old watermark.
         let events = vec![read(1, 0, &[], 0), produce(2, "m0", 0), fin(&[(0, "m0")])];
         assert_eq!(verdict(events), Ok(()));
+    }
+
+    fn archived(segment: Option<(u64, u64)>, records: &[(u64, &str)]) -> Event {
+        let records = records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect();
+        Event {
+            start: 3000,
+            end: 3000,
+            op: Op::Archived {
+                key: "silt/topic=events/partition=0/x.parquet".into(),
+                segment: segment.map(|(base, last)| (0, base, last)),
+                result: Ok((0, records)),
+            },
+        }
+    }
+
+    #[test]
+    fn an_archive_that_equals_the_log_passes_and_one_that_differs_is_named() {
+        let log = [(0, "m0"), (1, "m1"), (2, "m2")];
+        let with_log = |events: Vec<Event>| verdict([vec![fin(&log)], events].concat());
+        assert_eq!(with_log(vec![archived(Some((0, 1)), &[(0, "m0"), (1, "m1")])]), Ok(()));
+        // An object no segment points to (a compactor that died before its commit) may hold
+        // a part of a range; what it holds is still the log.
+        assert_eq!(with_log(vec![archived(None, &[(1, "m1")])]), Ok(()));
+        assert_eq!(with_log(vec![archived(None, &[(1, "mX")])]), Err("archive-differs"));
+        assert_eq!(with_log(vec![archived(None, &[(7, "m7")])]), Err("archive-differs"));
+        assert_eq!(with_log(vec![archived(Some((0, 2)), &[(0, "m0"), (2, "m2")])]), Err("archive-differs"));
+        let unreadable = Event {
+            start: 3000,
+            end: 3000,
+            op: Op::Archived { key: "k".into(), segment: Some((0, 0, 0)), result: Err("not found".into()) },
+        };
+        assert_eq!(with_log(vec![unreadable]), Err("archive-differs"));
+        let elsewhere = Event {
+            start: 3000,
+            end: 3000,
+            op: Op::Archived {
+                key: "k".into(),
+                segment: Some((1, 0, 0)),
+                result: Ok((0, vec![Seen { offset: 0, value: "m0".into() }])),
+            },
+        };
+        assert_eq!(with_log(vec![elsewhere]), Err("archive-differs"));
+    }
+
+    fn recreated(start: u64, end: u64) -> Event {
+        Event { start, end, op: Op::Recreate { result: Ok(()) } }
+    }
+
+    #[test]
+    fn a_topic_created_again_is_judged_apart_from_the_deleted_one() {
+        // Offset 0 held m0 in the deleted topic and m5 in the new one; the deleted topic has no
+        // final log, and lost m1 with it.
+        let events = vec![
+            produce(1, "m0", 0),
+            produce(2, "m1", 1),
+            read(3, 0, &[(0, "m0")], 2),
+            recreated(10, 20),
+            produce(21, "m5", 0),
+            read(22, 0, &[(0, "m5")], 1),
+            fin(&[(0, "m5")]),
+        ];
+        assert_eq!(verdict(events), Ok(()));
+        let events =
+            vec![produce(1, "m0", 0), recreated(10, 20), read(22, 0, &[(0, "m0")], 1), fin(&[(0, "m0")])];
+        assert_eq!(verdict(events), Err("deleted-returned"));
+        let events = vec![produce(1, "m0", 0), read(3, 0, &[(0, "mX")], 1), recreated(10, 20), fin(&[])];
+        assert_eq!(verdict(events), Err("two-messages-at-one-offset"));
+        // After it, everything is judged as ever.
+        let events = vec![recreated(10, 20), produce(21, "m5", 0), fin(&[])];
+        assert_eq!(verdict(events), Err("acked-lost"));
+        let failed =
+            Event { start: 10, end: 20, op: Op::Recreate { result: Err("no agent answered".into()) } };
+        assert_eq!(verdict(vec![failed, fin(&[])]), Err("unrecovered"));
     }
 }

@@ -57,6 +57,9 @@ pub(crate) enum Fault {
     MendMetadataLinks,
     /// Every link, between agents and to metadata, is mended.
     MendAllLinks,
+    /// With `--archive`: from now on this share of the calls to the bucket fail (a 503, a 500,
+    /// a timeout, a PUT applied whose answer is lost, a slow GET), until the next such event.
+    BucketErrors { percent: u32 },
 }
 
 impl fmt::Display for Fault {
@@ -98,6 +101,8 @@ impl fmt::Display for Fault {
                 write!(f, "power loss of the writer of partition {partition}, whose disk is replaced")
             }
             Fault::RestartAll => write!(f, "restart every agent that is down, mend every link"),
+            Fault::BucketErrors { percent: 0 } => write!(f, "calls to the bucket succeed again"),
+            Fault::BucketErrors { percent } => write!(f, "{percent}% of the calls to the bucket fail"),
         }
     }
 }
@@ -111,8 +116,9 @@ pub(crate) struct Schedule {
 impl Schedule {
     /// Draws the faults of a run whose fault phase lasts `phase` ms over `agents`, from `seed`.
     /// Each fault that lasts ends within the phase; every fault left is healed at its end. With
-    /// `disk_loss`, a writer that loses power may lose its disk too.
-    pub(crate) fn draw(seed: u64, agents: &[String], phase: Ms, disk_loss: bool) -> Schedule {
+    /// `disk_loss`, a writer that loses power may lose its disk too; with `archive`, windows of
+    /// errors from the bucket come on top (drawn apart, so that the rest stays as it was).
+    pub(crate) fn draw(seed: u64, agents: &[String], phase: Ms, disk_loss: bool, archive: bool) -> Schedule {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5117_5111);
         let mut events = Vec::new();
         let count = rng.random_range(3..=10);
@@ -213,6 +219,16 @@ impl Schedule {
                 }
             }
         }
+        if archive {
+            let mut apart = StdRng::seed_from_u64(seed ^ 0x00B0_C4E7);
+            for _ in 0..apart.random_range(1..=3) {
+                let at = apart.random_range(1_000..phase - 1_000);
+                let end = (at + apart.random_range(1_000..=8_000)).min(phase);
+                events.push((at, Fault::BucketErrors { percent: apart.random_range(10..=60) }));
+                events.push((end, Fault::BucketErrors { percent: 0 }));
+            }
+        }
+        // Stable: events at one time keep the order they were drawn in.
         events.sort_by_key(|(at, _)| *at);
         Schedule { events }
     }
@@ -305,6 +321,11 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
                 apply(&Fault::Restart { agent: agent.clone() }, world, sim)?;
             }
         }
+        Fault::BucketErrors { percent } => {
+            if let Some(bucket) = &world.bucket {
+                bucket.faults.set_error_rate(f64::from(*percent) / 100.0);
+            }
+        }
     }
     Ok(())
 }
@@ -316,6 +337,9 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
 /// they are few.
 pub(crate) fn heal_all(world: &World) -> Vec<Fault> {
     let mut heal = vec![Fault::MendMetadataLinks];
+    if world.bucket.is_some() {
+        heal.push(Fault::BucketErrors { percent: 0 });
+    }
     for a in &world.agents {
         heal.push(Fault::Isolate { agent: a.clone(), isolated: false });
         if disk::distrusts_any_under(std::path::Path::new(a)) {

@@ -47,6 +47,17 @@ pub enum Op {
     /// and acknowledged until its checkpoints reached those ends (`why` empty), or not in
     /// time (`why` says where it stopped).
     Drained { group: String, why: String },
+    /// The topic deleted and created again under its name (`--recreate`), while the other
+    /// clients waited: every other operation ended before this started or started after it
+    /// ended.
+    Recreate { result: Result<(), String> },
+    /// A change of the topic's configs (`key=value` pairs) through an agent.
+    Configure { via: String, config: String, result: Result<(), String> },
+    /// With `--archive`, after the final reads: an object of the bucket read directly, as a
+    /// tool that reads the archive does. `segment` is the range metadata's segment map names
+    /// it for (`None`: no segment points to it); the result is the partition and the records
+    /// the object holds, or why it could not be read.
+    Archived { key: String, segment: Option<(u32, u64, u64)>, result: Result<(u32, Vec<Seen>), String> },
 }
 
 /// An operation and when it ran.
@@ -121,6 +132,32 @@ impl fmt::Display for Event {
             }
             Op::Drained { group, why } if why.is_empty() => write!(f, "drained {group}"),
             Op::Drained { group, why } => write!(f, "drained {group} -> not: {why}"),
+            Op::Recreate { result: Ok(()) } => write!(f, "delete the topic and create it again -> done"),
+            Op::Recreate { result: Err(e) } => {
+                write!(f, "delete the topic and create it again -> failed: {e}")
+            }
+            Op::Configure { via, config, result: Ok(()) } => {
+                write!(f, "configure via {via} {config} -> done")
+            }
+            Op::Configure { via, config, result: Err(e) } => {
+                write!(f, "configure via {via} {config} -> failed: {e}")
+            }
+            Op::Archived { key, segment, result } => {
+                write!(f, "archived {key}")?;
+                if let Some((p, base, last)) = segment {
+                    write!(f, " (segment p{p} {base}..={last})")?;
+                }
+                match result {
+                    Ok((p, records)) => {
+                        write!(f, " -> p{p}, {} records", records.len())?;
+                        for r in records {
+                            write!(f, " {}={}", r.offset, r.value)?;
+                        }
+                        Ok(())
+                    }
+                    Err(e) => write!(f, " -> unreadable: {e}"),
+                }
+            }
         }
     }
 }

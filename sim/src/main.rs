@@ -28,7 +28,8 @@ use silt_sim::history::{History, Ms};
 /// Runs Silt's cluster under seeded fault schedules and checks what its clients saw.
 ///
 /// Every seed draws a fault schedule (crashes with power loss, torn writes, one-way and
-/// two-way link cuts, lost replies, isolated agents, fsync and write errors, clock steps),
+/// two-way link cuts, lost replies, isolated agents, fsync and write errors, clock steps;
+/// errors from the bucket with --archive),
 /// runs a workload of producers and readers through it, heals every fault, reads every
 /// partition to its end and checks the history: no acknowledged message lost, no offset with
 /// two messages, no read of anything later undone, no high watermark going back.
@@ -61,6 +62,20 @@ struct Args {
     /// scripts/test.sh runs a short schedule with it.
     #[arg(long)]
     groups: bool,
+    /// Also gives every agent the archive: a bucket (in memory, outliving every crash) its
+    /// compactor writes sealed segments to and its reads of archived offsets come from, with
+    /// windows of errors from the bucket; segments roll every 4 KiB or second and agents drop
+    /// archived ones at once, so that most reads go to the bucket. After the run every object
+    /// in the bucket is read directly and checked against the log. Off by default, so that a
+    /// seed runs as before it existed; scripts/test.sh runs a short schedule with it.
+    #[arg(long)]
+    archive: bool,
+    /// Also deletes the topic and creates it again once during the faults (with --archive,
+    /// while its segments are being archived), the other clients held back meanwhile, and
+    /// checks that nothing of the deleted topic comes back in the new one. Off by default, so
+    /// that a seed runs as before it existed.
+    #[arg(long, conflicts_with = "groups")]
+    recreate: bool,
     /// With --seeds: how many seeds run at once.
     #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
@@ -112,11 +127,18 @@ const TICK: Duration = Duration::from_millis(1);
 struct Options {
     disk_loss: bool,
     groups: bool,
+    archive: bool,
+    recreate: bool,
 }
 
 impl Args {
     fn options(&self) -> Options {
-        Options { disk_loss: self.disk_loss, groups: self.groups }
+        Options {
+            disk_loss: self.disk_loss,
+            groups: self.groups,
+            archive: self.archive,
+            recreate: self.recreate,
+        }
     }
 }
 
@@ -191,8 +213,8 @@ fn init_logs(trace: bool) {
 
 /// The run of one seed: the cluster, the clients and the schedule, until the clients are done.
 fn simulate(seed: u64, trace: bool, options: Options) -> anyhow::Result<History> {
-    let world = World::new(3);
-    let schedule = Schedule::draw(seed, &world.agents, FAULT_PHASE, options.disk_loss);
+    let world = World::new(3, options.archive);
+    let schedule = Schedule::draw(seed, &world.agents, FAULT_PHASE, options.disk_loss, options.archive);
     if trace {
         println!("schedule of seed {seed}:");
         for (at, fault) in &schedule.events {
@@ -211,7 +233,8 @@ fn simulate(seed: u64, trace: bool, options: Options) -> anyhow::Result<History>
         let (w, host) = (Arc::clone(&world), id.clone());
         sim.host(host.as_str(), move || Arc::clone(&w).run_agent(id.clone()));
     }
-    let clients = workload::Clients::new(Arc::clone(&world), Arc::clone(&history), options.groups);
+    let clients =
+        workload::Clients::new(Arc::clone(&world), Arc::clone(&history), options.groups, options.recreate);
     sim.client("clients", Arc::clone(&clients).run(seed, FAULT_PHASE));
     let mut pending = schedule.events.into_iter().peekable();
     let mut healed = false;
@@ -343,6 +366,12 @@ fn run_child(exe: &std::path::Path, seed: u64, bug: Option<&str>, options: Optio
     }
     if options.groups {
         cmd.arg("--groups");
+    }
+    if options.archive {
+        cmd.arg("--archive");
+    }
+    if options.recreate {
+        cmd.arg("--recreate");
     }
     let child =
         cmd.spawn().map_err(|e| format!("seed {seed}: failed: simulation-failed: cannot start it: {e}"))?;

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use object_store::ObjectStore;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use silt_agent::agent::ProduceMessage;
@@ -50,11 +52,57 @@ pub(crate) struct Clients {
     groups: bool,
     /// Where each partition's final log ends, once read.
     final_end: Mutex<BTreeMap<u32, u64>>,
+    /// Whether the topic is deleted and created again during the faults (`--recreate`).
+    recreate: bool,
+    /// Every produce, read and change of configs holds it shared; deleting the topic and
+    /// creating it again holds it alone, so that each operation ran on one topic or the other.
+    gate: tokio::sync::RwLock<()>,
 }
 
+/// With `--archive`: the topic's segments roll at 4 KiB (about 70 messages) or after a second,
+/// and agents drop their copies of a segment once it is archived, so that reads of all but
+/// the last few seconds go to the bucket.
+const ARCHIVE_CONFIG: [(&str, &str); 3] =
+    [("segment.bytes", "4096"), ("segment.ms", "1000"), ("local.retention.ms", "0")];
+/// With `--archive`, the topic's configs change every few seconds among these (writers pick a
+/// change up within a second, in the middle of a segment).
+const CONFIG_CHOICES: [(&str, &[&str]); 4] = [
+    ("segment.bytes", &["4096", "16384", "65536"]),
+    ("segment.ms", &["300", "1000", "5000"]),
+    ("local.retention.ms", &["0", "2000", "60000"]),
+    ("local.retention.bytes", &["-1", "0", "8192"]),
+];
+
 impl Clients {
-    pub(crate) fn new(world: Arc<World>, history: Arc<Mutex<History>>, groups: bool) -> Arc<Clients> {
-        Arc::new(Clients { world, history, acked_end: Mutex::default(), groups, final_end: Mutex::default() })
+    pub(crate) fn new(
+        world: Arc<World>,
+        history: Arc<Mutex<History>>,
+        groups: bool,
+        recreate: bool,
+    ) -> Arc<Clients> {
+        Arc::new(Clients {
+            world,
+            history,
+            acked_end: Mutex::default(),
+            groups,
+            final_end: Mutex::default(),
+            recreate,
+            gate: tokio::sync::RwLock::new(()),
+        })
+    }
+
+    /// The topic's configs.
+    fn topic_config(&self) -> BTreeMap<String, String> {
+        let mut config = BTreeMap::new();
+        if self.groups {
+            // Redelivered soon, never dead-lettered within a run.
+            config.insert("visibility.timeout.ms".to_string(), VISIBILITY_TIMEOUT_MS.to_string());
+            config.insert("max.deliveries".to_string(), "1000".to_string());
+        }
+        if self.world.bucket.is_some() {
+            config.extend(ARCHIVE_CONFIG.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        }
+        config
     }
 
     fn record(&self, start: Ms, op: Op) {
@@ -72,12 +120,7 @@ impl Clients {
         let mut rng = StdRng::seed_from_u64(seed ^ 0xC11E);
         loop {
             let via = self.agent(&mut rng);
-            let mut config = BTreeMap::new();
-            if self.groups {
-                // Redelivered soon, never dead-lettered within a run.
-                config.insert("visibility.timeout.ms".to_string(), VISIBILITY_TIMEOUT_MS.to_string());
-                config.insert("max.deliveries".to_string(), "1000".to_string());
-            }
+            let config = self.topic_config();
             let created = self
                 .world
                 .call(&via, |a| async move { a.create_topic(TOPIC, PARTITIONS, config).await })
@@ -107,6 +150,14 @@ impl Clients {
                 }
             }
         }
+        if self.world.bucket.is_some() {
+            let (clients, seed) = (Arc::clone(&self), rng.random());
+            tasks.push(tokio::task::spawn_local(async move { clients.configure(seed, phase_end).await }));
+        }
+        if self.recreate {
+            let (clients, seed) = (Arc::clone(&self), rng.random());
+            tasks.push(tokio::task::spawn_local(async move { clients.recreate(seed, phase_end).await }));
+        }
         let watch = self.groups.then(|| {
             let clients = Arc::clone(&self);
             tokio::task::spawn_local(async move { clients.watch_checkpoints().await })
@@ -131,7 +182,57 @@ impl Clients {
         if let Some(watch) = watch {
             watch.abort();
         }
+        self.read_bucket().await;
         Ok(())
+    }
+
+    /// With `--archive`: every object in the bucket and every one metadata's segments name,
+    /// read directly, as DuckDB or pyarrow would.
+    async fn read_bucket(&self) {
+        let Some(bucket) = &self.world.bucket else { return };
+        let mut segments = self.world.archived_segments();
+        let topic_id = self.world.topic_id();
+        let prefix = object_store::path::Path::from(crate::world::BUCKET_PREFIX);
+        let listed: Vec<_> = bucket.objects.list(Some(&prefix)).collect().await;
+        let mut keys = Vec::new();
+        for meta in listed {
+            match meta {
+                // The objects of this topic (a topic deleted before may have left some behind:
+                // they carry its id, and no reader of this one meets them).
+                Ok(meta)
+                    if meta.location.as_ref().ends_with(silt_tiering::object_layout::OBJECT_SUFFIX)
+                        && silt_tiering::object_layout::parse_object_key(&meta.location)
+                            .is_none_or(|n| n.topic_id.is_none() || n.topic_id == topic_id) =>
+                {
+                    keys.push(meta.location.to_string())
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let start = now();
+                    let result = Err(format!("the bucket cannot be listed: {e}"));
+                    self.record(start, Op::Archived { key: prefix.to_string(), segment: None, result });
+                    return;
+                }
+            }
+        }
+        // Named by a segment but not in the bucket: read anyway, to say so.
+        keys.extend(segments.keys().filter(|k| !keys.contains(k)).cloned().collect::<Vec<_>>());
+        keys.sort();
+        for key in keys {
+            let start = now();
+            let segment = segments.remove(&key);
+            let path = object_store::path::Path::from(key.as_str());
+            let result = match bucket.objects.get(&path).await {
+                Ok(got) => match got.bytes().await {
+                    Ok(bytes) => silt_tiering::archive_format::decode_archive(bytes)
+                        .map(|(meta, records)| (meta.partition, seen(&records)))
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            self.record(start, Op::Archived { key, segment, result });
+        }
     }
 
     /// One member of a group: polls through a random agent and acknowledges what it got,
@@ -277,6 +378,78 @@ impl Clients {
         }
     }
 
+    /// Once, 8 - 20 s into the faults: waits for every produce, read and change of configs under
+    /// way to end and holds the others back, deletes the topic and creates it again (through
+    /// random agents, until metadata holds a new topic of the name), then lets them go on.
+    async fn recreate(self: Arc<Clients>, seed: u64, phase_end: Ms) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(8_000..20_000).min(phase_end))).await;
+        let _alone = self.gate.write().await;
+        let start = now();
+        let deadline = start + RECOVERY.as_millis() as Ms;
+        let result = async {
+            let old = self.world.topic_id().ok_or("metadata holds no topic to delete")?;
+            let mut why = String::new();
+            // Until metadata no longer holds it (a delete whose answer was lost did it).
+            while self.world.topic_id() == Some(old) {
+                if now() >= deadline {
+                    return Err(format!("not deleted within {RECOVERY:?}: {why}"));
+                }
+                let via = self.agent(&mut rng);
+                if let Err(e) = self.world.call(&via, |a| async move { a.delete_topic(TOPIC).await }).await {
+                    why = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            // Until metadata holds a topic of the name again.
+            while self.world.topic_id().is_none() {
+                if now() >= deadline {
+                    return Err(format!("not created again within {RECOVERY:?}: {why}"));
+                }
+                let (via, config) = (self.agent(&mut rng), self.topic_config());
+                let created = self
+                    .world
+                    .call(&via, |a| async move { a.create_topic(TOPIC, PARTITIONS, config).await })
+                    .await;
+                if let Err(e) = created {
+                    why = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        // The new topic starts empty.
+        self.acked_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        self.record(start, Op::Recreate { result });
+    }
+
+    /// Changes one or two of the topic's configs through a random agent every 2 - 6 s.
+    async fn configure(self: Arc<Clients>, seed: u64, phase_end: Ms) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        loop {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..6_000))).await;
+            if now() >= phase_end {
+                return;
+            }
+            let mut config = BTreeMap::new();
+            for _ in 0..rng.random_range(1..=2) {
+                let (key, values) = CONFIG_CHOICES[rng.random_range(0..CONFIG_CHOICES.len())];
+                config.insert(key.to_string(), values[rng.random_range(0..values.len())].to_string());
+            }
+            let shown = config.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            let via = self.agent(&mut rng);
+            let _gate = self.gate.read().await;
+            let start = now();
+            let result = self
+                .world
+                .call(&via, move |a| async move { a.alter_topic_config(TOPIC, config).await })
+                .await
+                .map(|_| ());
+            self.record(start, Op::Configure { via, config: shown, result });
+        }
+    }
+
     async fn produce(self: Arc<Clients>, producer: usize, seed: u64, phase_end: Ms) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut n = 0;
@@ -289,6 +462,7 @@ impl Clients {
                 value: Some(Bytes::from(value.clone())),
                 ..ProduceMessage::default()
             };
+            let gate = self.gate.read().await;
             let start = now();
             let result = self
                 .world
@@ -301,6 +475,7 @@ impl Clients {
                 *end = (*end).max(offset + 1);
             }
             self.record(start, Op::Produce { partition, via, value, result });
+            drop(gate);
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
         }
     }
@@ -309,6 +484,7 @@ impl Clients {
         let mut rng = StdRng::seed_from_u64(seed);
         while now() < phase_end {
             let (partition, via) = (rng.random_range(0..PARTITIONS), self.agent(&mut rng));
+            let gate = self.gate.read().await;
             let end = self
                 .acked_end
                 .lock()
@@ -331,6 +507,7 @@ impl Clients {
                 .await
                 .map(|(records, next, hwm)| (seen(&records), next, hwm));
             self.record(start, Op::Read { partition, via, from, result });
+            drop(gate);
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..100))).await;
         }
     }

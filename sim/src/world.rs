@@ -11,13 +11,21 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+use silt::dev::LocalAgent;
+use silt_agent::agent::Archive;
 use silt_agent::log::disk::{self, PowerLoss};
 use silt_agent::memory_network::MemoryNetwork;
 use silt_agent::metrics::Metrics;
 use silt_agent::{Agent, AgentConfig, ApiError};
+use silt_compactor::metrics::CompactorMetrics;
+use silt_compactor::{Compactor, CompactorConfig};
 use silt_metadata::clock::{Clock, SystemClock};
 use silt_metadata::handle::MetadataLink;
 use silt_metadata::{Metadata, MetadataClientOptions, MetadataNode, RemoteMetadata};
+use silt_tiering::cold_reader::{ColdReader, ColdReaderOptions};
+use silt_tiering::{FaultConfig, FaultInjectingObjectStore, RetryingObjectStore};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -53,6 +61,36 @@ impl Clock for SteppedClock {
     }
 }
 
+/// With `--archive`: the bucket every agent's compactor writes to and its cold reader reads
+/// from, in memory (it outlives every crash), behind a window of errors the schedule opens and
+/// closes.
+pub(crate) struct Bucket {
+    /// What the bucket holds.
+    pub(crate) objects: Arc<InMemory>,
+    /// The errors on the way to it.
+    pub(crate) faults: Arc<FaultInjectingObjectStore<InMemory>>,
+}
+
+/// Where Silt's objects live in the bucket.
+pub(crate) const BUCKET_PREFIX: &str = "silt";
+
+/// How often each agent's compactor looks for sealed segments.
+const COMPACTOR_EVERY: Duration = Duration::from_millis(500);
+
+impl Bucket {
+    fn new() -> Bucket {
+        let objects = Arc::new(InMemory::new());
+        let faults = Arc::new(FaultInjectingObjectStore::new(Arc::clone(&objects), FaultConfig::default()));
+        Bucket { objects, faults }
+    }
+
+    /// The bucket as an agent's process opens it: through the retries every Silt process
+    /// makes.
+    fn open(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(RetryingObjectStore::new(Arc::clone(&self.faults)))
+    }
+}
+
 /// Everything the hosts, the clients and the fault schedule share.
 pub(crate) struct World {
     pub(crate) agents: Vec<String>,
@@ -63,6 +101,8 @@ pub(crate) struct World {
     /// Each agent's link to metadata.
     pub(crate) metadata_links: BTreeMap<String, Arc<MetadataLink>>,
     power: BTreeMap<String, Arc<PowerLoss>>,
+    /// With `--archive`: the bucket, and each agent runs a compactor and reads archived data.
+    pub(crate) bucket: Option<Bucket>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -70,8 +110,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl World {
-    /// A world of `agents` agents, none started.
-    pub(crate) fn new(agents: usize) -> Arc<World> {
+    /// A world of `agents` agents, none started; with `archive`, a bucket for them.
+    pub(crate) fn new(agents: usize, archive: bool) -> Arc<World> {
         let agents: Vec<String> = (0..agents).map(|i| format!("agent-{i}")).collect();
         let clocks = agents.iter().map(|a| (a.clone(), Arc::new(SteppedClock::default()))).collect();
         let power = agents.iter().map(|a| (a.clone(), disk::record_unsynced(&format!("{a}/")))).collect();
@@ -85,6 +125,7 @@ impl World {
             clocks,
             metadata_links,
             power,
+            bucket: archive.then(Bucket::new),
         })
     }
 
@@ -118,11 +159,54 @@ impl World {
             config.default_replication_factor = 3;
             config.peers = Some(self.net.peers(&id));
             config.clock = Arc::clone(&self.clocks[&id]) as Arc<dyn Clock>;
-            let started =
-                Agent::start(config, metadata, Arc::new(Metrics::new()), None, CancellationToken::new())
-                    .await;
+            let archive = match &self.bucket {
+                None => None,
+                Some(bucket) => {
+                    let store = bucket.open();
+                    let options = ColdReaderOptions { memory_bytes: 8 << 20, ..ColdReaderOptions::default() };
+                    match ColdReader::new(Arc::clone(&store), options).await {
+                        Ok(cold) => {
+                            Some(Archive { cold: Arc::new(cold), store, prefix: BUCKET_PREFIX.into() })
+                        }
+                        Err(e) => {
+                            warn!(agent = %id, error = %e, "cannot open the cold reader; trying again in a second");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let store = archive.as_ref().map(|a| Arc::clone(&a.store));
+            let started = Agent::start(
+                config,
+                metadata.clone(),
+                Arc::new(Metrics::new()),
+                archive,
+                CancellationToken::new(),
+            )
+            .await;
             match started {
-                Ok(agent) => break agent,
+                Ok(agent) => {
+                    if let Some(store) = store {
+                        // Its compactor archives the sealed segments it holds, as `silt agent`'s
+                        // does, on the same host: it stops with it.
+                        let compactor = Compactor::new(
+                            CompactorConfig {
+                                interval: COMPACTOR_EVERY,
+                                holder: Some(id.clone()),
+                                clock: Arc::clone(&self.clocks[&id]) as Arc<dyn Clock>,
+                                ..CompactorConfig::default()
+                            },
+                            metadata,
+                            store,
+                            BUCKET_PREFIX.into(),
+                            Arc::new(LocalAgent(agent.clone())),
+                            Arc::new(CompactorMetrics::new()),
+                        );
+                        tokio::spawn(compactor.run(CancellationToken::new()));
+                    }
+                    break agent;
+                }
                 Err(e) => {
                     warn!(agent = %id, error = %e, "the agent did not start; starting it again in a second");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -161,6 +245,30 @@ impl World {
         let node = lock(&self.metadata).clone()?;
         node.read_local(|s| {
             s.topics.get(crate::workload::TOPIC)?.partitions.get(partition as usize)?.writer.clone()
+        })
+    }
+
+    /// The id of the workload's topic metadata holds, if it holds one.
+    pub(crate) fn topic_id(&self) -> Option<u64> {
+        let node = lock(&self.metadata).clone()?;
+        node.read_local(|s| s.topics.get(crate::workload::TOPIC).map(|t| t.id))
+    }
+
+    /// The object key of every archived segment of the workload's topic metadata holds, with
+    /// the segment's partition and offsets.
+    pub(crate) fn archived_segments(&self) -> BTreeMap<String, (u32, u64, u64)> {
+        let Some(node) = lock(&self.metadata).clone() else { return BTreeMap::new() };
+        node.read_local(|s| {
+            let Some(topic) = s.topics.get(crate::workload::TOPIC) else { return BTreeMap::new() };
+            let mut archived = BTreeMap::new();
+            for (p, partition) in topic.partitions.iter().enumerate() {
+                for seg in partition.segments.values() {
+                    if let (Some(key), Some(last)) = (&seg.object_key, seg.last_offset) {
+                        archived.insert(key.clone(), (p as u32, seg.base_offset, last));
+                    }
+                }
+            }
+            archived
         })
     }
 

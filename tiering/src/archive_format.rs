@@ -532,6 +532,18 @@ pub fn decode_records(batch: &RecordBatch) -> Result<Vec<Record>, TieringError> 
     Ok(records)
 }
 
+/// Every record of a whole archive object, with its archive metadata (checked as
+/// [`archive_meta_from_parquet`] checks it): what a tool that reads the bucket directly sees.
+pub fn decode_archive(object: Bytes) -> Result<(ArchiveMeta, Vec<Record>), TieringError> {
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(object)?;
+    let meta = archive_meta_from_parquet(builder.metadata())?;
+    let mut records = Vec::with_capacity(meta.record_count as usize);
+    for batch in builder.build()? {
+        records.extend(decode_records(&batch?)?);
+    }
+    Ok((meta, records))
+}
+
 fn column_any<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, TieringError> {
     batch
         .column_by_name(name)
@@ -810,12 +822,7 @@ pub(crate) mod tests {
     }
 
     fn decode_all(object: &Bytes) -> Vec<Record> {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(object.clone()).unwrap().build().unwrap();
-        let mut out = Vec::new();
-        for batch in reader {
-            out.extend(decode_records(&batch.unwrap()).unwrap());
-        }
-        out
+        decode_archive(object.clone()).unwrap().1
     }
 
     /// As the cold reader decodes: into view types.

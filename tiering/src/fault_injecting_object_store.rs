@@ -197,14 +197,18 @@ pub struct FaultInjectingObjectStore<T: ObjectStore + ?Sized> {
     rng: Mutex<StdRng>,
     queued: Mutex<VecDeque<FaultKind>>,
     injected: AtomicU64,
+    /// The error rate now (the bits of an `f64`): the config's until [`Self::set_error_rate`].
+    error_rate: AtomicU64,
 }
 
 impl<T: ObjectStore + ?Sized> FaultInjectingObjectStore<T> {
     /// Wraps `inner`.
     pub fn new(inner: Arc<T>, config: FaultConfig) -> Self {
         let rng = Mutex::new(StdRng::seed_from_u64(config.seed));
+        let error_rate = AtomicU64::new(config.error_rate.to_bits());
         FaultInjectingObjectStore {
             inner,
+            error_rate,
             config,
             rng,
             queued: Mutex::new(VecDeque::new()),
@@ -217,6 +221,13 @@ impl<T: ObjectStore + ?Sized> FaultInjectingObjectStore<T> {
         if let Ok(mut q) = self.queued.lock() {
             q.push_back(kind);
         }
+    }
+
+    /// From now on a call suffers a fault with probability `rate` (clamped to `0.0..=1.0`):
+    /// a window of errors that opens and closes while the store is in use.
+    pub fn set_error_rate(&self, rate: f64) {
+        let rate = if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) };
+        self.error_rate.store(rate.to_bits(), Ordering::SeqCst);
     }
 
     /// Faults injected so far.
@@ -236,7 +247,8 @@ impl<T: ObjectStore + ?Sized> FaultInjectingObjectStore<T> {
         });
         let fault = queued.or_else(|| {
             let mut rng = self.rng.lock().ok()?;
-            if self.config.error_rate <= 0.0 || rng.random::<f64>() >= self.config.error_rate {
+            let error_rate = f64::from_bits(self.error_rate.load(Ordering::SeqCst));
+            if error_rate <= 0.0 || rng.random::<f64>() >= error_rate {
                 return None;
             }
             let candidates: Vec<FaultKind> =
@@ -460,5 +472,23 @@ mod tests {
         assert!(store.put(&path, "v".into()).await.is_err());
         assert_eq!(store.inner().get(&path).await.unwrap().bytes().await.unwrap().as_ref(), b"v");
         assert!(store.head(&path).await.is_ok(), "lost replies only hit PUTs");
+    }
+
+    #[tokio::test]
+    async fn a_window_of_errors_opens_and_closes() {
+        let store = FaultInjectingObjectStore::new(
+            Arc::new(InMemory::new()),
+            FaultConfig { kinds: vec![FaultKind::InternalError], ..FaultConfig::default() },
+        );
+        let path = Path::from("x");
+        assert!(store.put(&path, "v".into()).await.is_ok(), "no error before the window");
+        store.set_error_rate(1.0);
+        assert!(store.head(&path).await.is_err(), "every call fails inside the window");
+        assert!(store.put(&path, "w".into()).await.is_err());
+        store.set_error_rate(f64::NAN);
+        assert!(store.head(&path).await.is_ok(), "a rate that is no number is none");
+        store.set_error_rate(0.0);
+        assert_eq!(store.get(&path).await.unwrap().bytes().await.unwrap().as_ref(), b"v");
+        assert_eq!(store.injected(), 2);
     }
 }
