@@ -45,8 +45,10 @@ pub struct RepairLabels {
 pub struct HeartbeatLabels {
     /// `renewed` (metadata took it and the lease counts from its sending), `unconfirmed`
     /// (metadata took it, but this agent's copy of metadata does not show its registration
-    /// yet), `lapsed` (the lease had lapsed: the agent registers again), `failed` (an error)
-    /// or `timed_out` (no answer within a fifth of the lease).
+    /// yet), `lapsed` (the lease had lapsed: the agent registers again), `failed` (an error),
+    /// `timed_out` (no answer within a fifth of the lease) or `copy_stale` (not sent: the
+    /// agent's copy of metadata is too old for it to answer for its partitions, so it lets its
+    /// lease lapse).
     pub outcome: &'static str,
 }
 

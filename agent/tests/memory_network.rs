@@ -440,16 +440,78 @@ async fn an_agent_registered_again_answers_as_no_writer_until_its_copy_of_metada
         acked.insert(offset, i);
         last = last.max(offset);
     }
-    // Its writes reach metadata again, its reads do not: a heartbeat finds the lease lapsed
-    // and the agent registers again, with a copy from before the partition moved.
+    // Its writes reach metadata again, its reads do not: its copy, from before the partition
+    // moved, is too old to answer from, and it sends no heartbeat (which would find its lease
+    // lapsed and register it again) until the copy is current.
     cluster.metadata_links[&old].set(LinkState::ReadsLost);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while registrations(cluster.agent(&old)) == registered {
-        assert!(Instant::now() < deadline, "{old} did not register again within 30 s");
+    while heartbeats(cluster.agent(&old), "copy_stale") == 0 {
+        assert!(Instant::now() < deadline, "{old} sent heartbeats with a copy too old to answer from");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_no_stale_end(cluster.agent(&old), last).await;
+    assert_eq!(registrations(cluster.agent(&old)), registered, "{old} registered again with a stale copy");
+    // Its reads get through again: it registers again, and answers with no stale end
+    // throughout, before its copy includes the registration and after.
     cluster.metadata_links[&old].set(LinkState::Up);
+    while registrations(cluster.agent(&old)) == registered {
+        assert!(Instant::now() < deadline, "{old} did not register again within 30 s");
+        assert_no_stale_end(cluster.agent(&old), last).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_no_stale_end(cluster.agent(&old), last).await;
+    check(&read_all(cluster.agent(&new)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A topic deleted through a follower while the writer and the other follower cannot read
+/// metadata (their copies do not learn of the deletion; their heartbeats keep their leases):
+/// once the deletion returns, neither answers for the deleted topic, no produce to it is
+/// acknowledged and no read of it answered, until their copies catch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_whose_copy_of_metadata_lags_answer_for_a_deleted_topic_no_more_once_the_deletion_returns() {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (writer, followers) = cluster.ensemble().await;
+    produce_acked(cluster.agent(&writer), 0).await;
+    let (deleter, other) = (&followers[0], &followers[1]);
+    cluster.metadata_links[&writer].set(LinkState::ReadsLost);
+    cluster.metadata_links[other].set(LinkState::ReadsLost);
+    cluster.agent(deleter).delete_topic(TOPIC).await.expect("the topic deleted");
+    // And created again, empty.
+    cluster.agent(deleter).create_topic(TOPIC, 1, BTreeMap::new()).await.expect("the topic created again");
+    let stale = |e: &ApiError| e.to_string().contains("has not refreshed its copy of metadata");
+    for agent in [&writer, other] {
+        let produced = cluster.agent(agent).produce(TOPIC, vec![message(1)]).await;
+        assert!(produced.as_ref().is_err_and(stale), "{agent} answered a produce with {produced:?}");
+        let read = cluster.agent(agent).read(TOPIC, 0, 0, ReadLimit::new(10, 1 << 20), false).await;
+        assert!(read.as_ref().is_err_and(stale), "{agent} answered a read with {read:?}");
+    }
+    cluster.metadata_links[&writer].set(LinkState::Up);
+    cluster.metadata_links[other].set(LinkState::Up);
+    cluster.stop().await;
+}
+
+/// An agent whose reads of metadata are lost while its heartbeats get through answers for its
+/// partitions no more once its copy is 7/8 of a lease old, and stops renewing its lease, so
+/// that metadata gives them to an agent that can: the partition takes produces again there,
+/// and nothing acknowledged before is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_read_metadata_lets_its_partitions_move_to_one_that_can() {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (writer, _) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..5 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    cluster.metadata_links[&writer].set(LinkState::ReadsLost);
+    let new = writer_other_than(&cluster, &writer).await;
+    for i in 5..10 {
+        acked.insert(produce_acked(cluster.agent(&new), i).await, i);
+    }
+    assert!(heartbeats(cluster.agent(&writer), "copy_stale") > 0, "{writer} kept renewing its lease");
+    cluster.metadata_links[&writer].set(LinkState::Up);
     check(&read_all(cluster.agent(&new)).await, &acked);
     cluster.stop().await;
 }
@@ -998,8 +1060,9 @@ async fn a_writer_that_lost_its_write_quorum_answers_no_read_with_its_end() {
 /// by a quorum and held by the followers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_whose_copy_of_metadata_lags_replicates_each_new_segment_to_the_ensemble_it_opened() {
-    // A lease longer than a write waits for the copy to include it.
-    let cluster = Cluster::start_with_lease(true, Duration::from_secs(6)).await;
+    // A lease longer than the six rolls below, each of whose writes waits 2 s for the copy to
+    // include it: a writer answers only while its copy is current as of 7/8 of a lease ago.
+    let cluster = Cluster::start_with_lease(true, Duration::from_secs(24)).await;
     let config = BTreeMap::from([("segment.ms".to_string(), "100".to_string())]);
     cluster.agents[0].create_topic(TOPIC, 1, config).await.expect("create topic");
     let (writer, followers) = cluster.ensemble().await;
@@ -1182,7 +1245,9 @@ async fn produce_to(agent: &Agent, partition: u32, i: usize) -> u64 {
 /// its copy is current it stops the partition's writer and moves the partition itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
-    let mut cluster = Cluster::start_with(true).await;
+    // A lease long enough for the move to fall due, and the others to look at it, while
+    // agent-0's copy lags less than 7/8 of a lease (beyond, it answers for nothing).
+    let mut cluster = Cluster::start_with_lease(true, Duration::from_secs(8)).await;
     // agent-0 alone is live when the topic is created: it writes both partitions.
     cluster.stop_agent("agent-1").await;
     cluster.stop_agent("agent-2").await;
@@ -1197,7 +1262,11 @@ async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
     let before = writers(&cluster).await;
     assert!(before.iter().all(|(w, _)| w.as_deref() == Some("agent-0")), "{before:?}");
     // The others are settled (and a move due) three leases after they registered: agent-0's
-    // copy stops before then.
+    // copy stops three seconds before then.
+    let cut_at = cluster.lease * 3 - Duration::from_secs(3);
+    while registered.elapsed() < cut_at {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cluster.metadata_links["agent-0"].set(LinkState::ReadsLost);
     assert!(registered.elapsed() < cluster.lease * 3, "the copy was cut too late for this test");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1214,10 +1283,22 @@ async fn a_rebalance_moves_a_partition_only_when_its_writer_hands_it_over() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(writers(&cluster).await, before, "a partition moved off a writer whose copy lags");
+    // Nor does agent-0 answer for them once its copy lags 7/8 of a lease: for all it knows,
+    // they were deleted since. What it acknowledged before then is kept.
     let mut acked: HashMap<u64, usize> = HashMap::new();
-    acked.insert(produce_to(cluster.agent("agent-0"), 0, 10).await, 10);
-    // With its copy current again, agent-0 moves one partition itself.
+    let m = ProduceMessage { partition: Some(0), ..message(10) };
+    loop {
+        match cluster.agent("agent-0").produce(TOPIC, vec![m.clone()]).await {
+            Ok(ids) => acked.insert(ids[0].offset, 10),
+            Err(e) if e.to_string().contains("has not refreshed its copy of metadata") => break,
+            Err(e) => panic!("agent-0 refused a produce with {e}"),
+        };
+        assert!(Instant::now() < deadline, "agent-0 answered as a writer with a copy that lags for good");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // With its copy current again, it answers again and moves one partition itself.
     cluster.metadata_links["agent-0"].set(LinkState::Up);
+    acked.insert(produce_to(cluster.agent("agent-0"), 0, 11).await, 11);
     let moved = loop {
         let now = writers(&cluster).await;
         if let Some(p) = now.iter().position(|(w, _)| w.as_deref() != Some("agent-0")) {

@@ -341,7 +341,9 @@ enum TopicCmd {
         /// Topic name.
         name: String,
     },
-    /// Delete a topic and all its data.
+    /// Delete a topic and all its data. In a cluster it returns a lease (--lease of the
+    /// agents) after metadata took the deletion, once no agent can still answer for the topic;
+    /// a topic created again under the name after that starts empty.
     Delete {
         /// Topic name.
         name: String,

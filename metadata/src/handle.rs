@@ -26,6 +26,10 @@ use crate::node::LeaderError;
 use crate::raft::state_machine_store::Changes;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
 
+/// Most refreshes of a copy under way at once: one that takes longer than its attempt (see
+/// `RemoteMetadata::bound_refreshes`) keeps going while the next starts.
+const REFRESHES_IN_FLIGHT_MAX: u64 = 2;
+
 /// How often a remote copy of the state is refreshed when nothing asks for it sooner.
 pub const REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// Longest a write waits for the local copy to include it before returning anyway.
@@ -75,6 +79,15 @@ impl Metadata {
         }
     }
 
+    /// When this process's copy of the state was last known current: it includes every write
+    /// committed before then. The node in this process is always current (`now`).
+    pub fn current_as_of(&self) -> std::time::Instant {
+        match self {
+            Metadata::Local(_) => std::time::Instant::now(),
+            Metadata::Remote(remote) => remote.current_as_of(),
+        }
+    }
+
     /// Runs `f` over this process's latest copy of the state: fast, possibly a little stale.
     pub fn read_local<T>(&self, f: impl FnOnce(&MetadataState) -> T) -> T {
         match self {
@@ -111,6 +124,12 @@ struct RemoteInner {
     /// Refreshes that fetched the whole state, and those that applied changes.
     full_reads: AtomicU64,
     change_reads: AtomicU64,
+    /// When the latest refresh that succeeded started: the copy includes every write
+    /// committed before then.
+    current_as_of: std::sync::Mutex<std::time::Instant>,
+    /// How long one refresh of the refresher may take before it gives up and tries again, in
+    /// ms (0: as long as the source's own timeout).
+    refresh_attempt_ms: AtomicU64,
 }
 
 impl RemoteMetadata {
@@ -131,6 +150,7 @@ impl RemoteMetadata {
     }
 
     async fn start(source: Source, cancel: CancellationToken) -> Result<Self, MetadataError> {
+        let started = std::time::Instant::now();
         let (first_index, first) = source.read_state().await?;
         let remote = RemoteMetadata {
             inner: Arc::new(RemoteInner {
@@ -142,6 +162,8 @@ impl RemoteMetadata {
                 cancel,
                 full_reads: AtomicU64::new(1),
                 change_reads: AtomicU64::new(0),
+                current_as_of: std::sync::Mutex::new(started),
+                refresh_attempt_ms: AtomicU64::new(0),
             }),
         };
         let refresher = remote.clone();
@@ -183,8 +205,23 @@ impl RemoteMetadata {
         response
     }
 
+    /// From now on the refresher waits `attempt` for a refresh, then starts the next one
+    /// beside it (an answer lost on the way costs that long, not the source's whole timeout;
+    /// the slow one still counts if it lands): an agent bounds it by a part of its lease, which
+    /// its copy must stay current within.
+    pub fn bound_refreshes(&self, attempt: Duration) {
+        self.inner.refresh_attempt_ms.store(attempt.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+
+    /// When the latest refresh of the copy that succeeded started: the copy includes every
+    /// write metadata committed before then (and it may lag behind everything since).
+    pub fn current_as_of(&self) -> std::time::Instant {
+        *self.inner.current_as_of.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A linearizable read of the whole state, which also refreshes the local copy.
     async fn refresh(&self) -> Result<Arc<MetadataState>, MetadataError> {
+        let started = std::time::Instant::now();
         let covers = self.inner.requested.load(Ordering::SeqCst);
         let known = self.inner.state.read().unwrap_or_else(|e| e.into_inner()).1;
         let state = match known {
@@ -210,6 +247,10 @@ impl RemoteMetadata {
                 self.replace(state, applied_index)
             }
         };
+        {
+            let mut as_of = self.inner.current_as_of.lock().unwrap_or_else(|e| e.into_inner());
+            *as_of = (*as_of).max(started);
+        }
         self.inner.completed.send_if_modified(|c| {
             let newer = covers > *c;
             *c = (*c).max(covers);
@@ -246,13 +287,39 @@ impl RemoteMetadata {
 
     async fn run_refresher(&self) {
         let mut failing = false;
+        let in_flight = Arc::new(AtomicU64::new(0));
         loop {
             tokio::select! {
                 () = self.inner.cancel.cancelled() => return,
                 () = self.inner.wake.notified() => {}
                 () = tokio::time::sleep(REFRESH_INTERVAL) => {}
             }
-            match self.refresh().await {
+            let attempt = Duration::from_millis(self.inner.refresh_attempt_ms.load(Ordering::Relaxed));
+            let refreshed = if attempt.is_zero() {
+                self.refresh().await
+            } else if in_flight.load(Ordering::SeqCst) >= REFRESHES_IN_FLIGHT_MAX {
+                // The earlier ones are still out: wait for them rather than pile more on.
+                continue;
+            } else {
+                // A refresh that takes longer is not dropped (a large state may need that long,
+                // and it is current as of its start whenever it lands); the next starts beside it.
+                in_flight.fetch_add(1, Ordering::SeqCst);
+                let (me, count) = (self.clone(), Arc::clone(&in_flight));
+                let task = tokio::spawn(async move {
+                    let refreshed = me.refresh().await.map(|_| ());
+                    count.fetch_sub(1, Ordering::SeqCst);
+                    refreshed
+                });
+                match tokio::time::timeout(attempt, task).await {
+                    Ok(Ok(refreshed)) => refreshed.map(|()| self.snapshot()),
+                    Ok(Err(e)) => Err(MetadataError::Unavailable(format!("the refresh task failed: {e}"))),
+                    Err(_) => Err(MetadataError::Unavailable(format!(
+                        "metadata did not answer a refresh within {} ms; another starts beside it",
+                        attempt.as_millis()
+                    ))),
+                }
+            };
+            match refreshed {
                 Ok(_) => failing = false,
                 Err(e) => {
                     if !failing {

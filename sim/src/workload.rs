@@ -388,17 +388,21 @@ impl Clients {
         let start = now();
         let deadline = start + RECOVERY.as_millis() as Ms;
         let result = async {
-            let old = self.world.topic_id().ok_or("metadata holds no topic to delete")?;
             let mut why = String::new();
-            // Until metadata no longer holds it (a delete whose answer was lost did it).
-            while self.world.topic_id() == Some(old) {
+            // As a client does: until an agent says it is deleted, or that there is no such
+            // topic (an attempt whose answer was lost deleted it).
+            loop {
                 if now() >= deadline {
                     return Err(format!("not deleted within {RECOVERY:?}: {why}"));
                 }
                 let via = self.agent(&mut rng);
-                if let Err(e) = self.world.call(&via, |a| async move { a.delete_topic(TOPIC).await }).await {
-                    why = e;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                match self.world.call(&via, |a| async move { a.delete_topic(TOPIC).await }).await {
+                    Ok(()) => break,
+                    Err(e) if e.starts_with("unknown_topic") => break,
+                    Err(e) => {
+                        why = e;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
                 }
             }
             // Until metadata holds a topic of the name again.

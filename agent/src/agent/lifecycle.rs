@@ -23,6 +23,12 @@ impl Agent {
             None => Arc::new(HttpPeers::with_source_ip(&config.agent_id, config.peer_source_ip)),
         };
         let instance = instance_id(&config.data_dir)?;
+        // Its copy of metadata must stay current within 7/8 of a lease to answer as a writer
+        // (`Agent::lease_check`): a refresh whose answer is lost costs a fifth of it, as a
+        // heartbeat's does.
+        if let Metadata::Remote(remote) = &metadata {
+            remote.bound_refreshes(config.lease / 5);
+        }
         // Before any log is opened: bytes a killed process of this agent left in the page cache
         // only must not count as held.
         if let Err(e) = crate::log::disk::sync_at_start(&config.data_dir) {
@@ -165,19 +171,22 @@ impl Agent {
                 () = self.inner.cancel.cancelled() => return,
                 _ = ticks.tick() => {}
             }
+            // An agent whose copy of metadata is too old to answer for its partitions
+            // (`Agent::lease_check`: its reads of metadata fail, its writes get through) lets
+            // its lease lapse, so that metadata gives them to agents that can; it registers
+            // again once its copy is current.
+            if !self.copy_current() {
+                outcome_of(&self.inner.metrics, "copy_stale");
+                warn!("this agent's copy of metadata is too old to answer for its partitions; not renewing its lease until the copy is current");
+                continue;
+            }
             let cmd = Command::AgentHeartbeat {
                 agent: self.inner.config.agent_id.clone(),
                 incarnation: self.inner.incarnation.load(Ordering::SeqCst),
                 now_ms: self.now_ms(),
             };
             let sent = Instant::now();
-            let outcome = |outcome| {
-                self.inner
-                    .metrics
-                    .heartbeats
-                    .get_or_create(&crate::metrics::HeartbeatLabels { outcome })
-                    .inc();
-            };
+            let outcome = |outcome| outcome_of(&self.inner.metrics, outcome);
             match tokio::time::timeout(attempt, self.inner.metadata.write_unobserved(cmd)).await {
                 Err(_) => {
                     outcome("timed_out");
@@ -394,6 +403,11 @@ pub(super) fn instance_id(data_dir: &std::path::Path) -> Result<String, StoreErr
     };
     write().map_err(|e| StoreError::io(&path, "write", e))?;
     Ok(id)
+}
+
+/// Counts a heartbeat's outcome.
+fn outcome_of(metrics: &Metrics, outcome: &'static str) {
+    metrics.heartbeats.get_or_create(&crate::metrics::HeartbeatLabels { outcome }).inc();
 }
 
 #[cfg(test)]

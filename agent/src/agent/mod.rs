@@ -451,15 +451,44 @@ impl Agent {
     /// [`lease_held`](Self::lease_held) as the answer to a request for `topic/partition` that
     /// this agent would serve as its writer: checked before it starts, and again when it has
     /// the high watermark it answers with.
+    ///
+    /// Its copy of metadata must be current too, as of less than [`LEASE_COUNTED`] of a lease
+    /// ago (`Metadata::current_as_of`): an agent whose reads of metadata fail while its
+    /// heartbeats get through keeps its lease, but cannot tell that its topic was deleted
+    /// (and maybe created again): a deletion returns only once that long has passed
+    /// (`Agent::delete_topic`), so that no agent answers for the deleted topic after it.
     pub(crate) fn lease_check(&self, topic: &str, partition: u32) -> Result<(), ApiError> {
-        if self.lease_held() {
+        if !self.lease_held() {
+            return Err(ApiError::unavailable(format!(
+                "agent '{}' has not renewed its lease with metadata lately: another agent may write \
+                 {topic}/{partition} by now; retry through another agent",
+                self.id()
+            )));
+        }
+        self.copy_check(self.inner.metadata.current_as_of(), topic, partition)
+    }
+
+    /// Whether a view of this agent's copy of metadata taken after `as_of` (the copy's
+    /// [`Metadata::current_as_of`] read before the view) may be answered from now.
+    pub(crate) fn copy_check(&self, as_of: Instant, topic: &str, partition: u32) -> Result<(), ApiError> {
+        if self.copy_current_as_of(as_of) {
             return Ok(());
         }
         Err(ApiError::unavailable(format!(
-            "agent '{}' has not renewed its lease with metadata lately: another agent may write \
-             {topic}/{partition} by now; retry through another agent",
+            "agent '{}' has not refreshed its copy of metadata lately: {topic}/{partition} may \
+             have been deleted or moved since; retry through another agent",
             self.id()
         )))
+    }
+
+    /// Whether this agent's copy of metadata is current as of less than [`LEASE_COUNTED`] of
+    /// a lease ago.
+    pub(crate) fn copy_current(&self) -> bool {
+        self.copy_current_as_of(self.inner.metadata.current_as_of())
+    }
+
+    fn copy_current_as_of(&self, as_of: Instant) -> bool {
+        Instant::now() < as_of + self.inner.config.lease.mul_f64(LEASE_COUNTED)
     }
 
     /// Whether an end of the partition read from `handle` may be answered now: its writer

@@ -83,8 +83,35 @@ impl Agent {
         }
     }
 
-    /// Deletes a topic: metadata first, then the local data.
+    /// Deletes a topic: metadata first, then the local data; returns once no agent answers
+    /// for it any more. Another agent's copy of metadata may not include the deletion yet, and
+    /// it serves the topic until it does, but not once its copy is older than 7/8 of a lease
+    /// (`Agent::lease_check`): with metadata in another process, this waits a lease from the
+    /// deletion before it returns.
+    ///
+    /// A topic metadata does not hold is answered `unknown_topic` after the same wait: an
+    /// earlier attempt whose answer was lost may have deleted it a moment ago, and the client
+    /// that sends it again must not go on (create the topic again, say) while agents may still
+    /// answer for the deleted one.
     pub async fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        let remote = matches!(self.inner.metadata, silt_metadata::Metadata::Remote(_));
+        let deleted = match self.delete_topic_now(name).await {
+            Ok(deleted) => deleted,
+            Err(e) if remote && e.code == ErrorCode::UnknownTopic => {
+                tokio::time::sleep(self.inner.config.lease).await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if remote {
+            tokio::time::sleep_until((deleted + self.inner.config.lease).into()).await;
+        }
+        Ok(())
+    }
+
+    /// [`delete_topic`](Self::delete_topic) without the wait: returns when metadata took the
+    /// deletion.
+    async fn delete_topic_now(&self, name: &str) -> Result<std::time::Instant, ApiError> {
         let t = self.topic(name).await?;
         let (id, count) = (t.id, t.partitions.len() as u32);
         // Of this incarnation only: a retry that finds the name created again deletes nothing.
@@ -92,6 +119,7 @@ impl Agent {
             .metadata
             .write(Command::DeleteTopic { name: name.to_string(), topic_id: Some(id) })
             .await?;
+        let deleted = std::time::Instant::now();
         // Keys from before ids were part of them are this topic's when its segments named them.
         let referenced: std::collections::HashSet<String> = t
             .partitions
@@ -128,7 +156,7 @@ impl Agent {
             {
                 // Its objects stay: a rebuild would restore the topic whole rather than in part.
                 warn!(error = %e, topic = name, "marking the topic deleted in the bucket failed; its objects are kept");
-                return Ok(());
+                return Ok(deleted);
             }
             let topic_prefix = prefix.child(format!("topic={name}"));
             let listed: Result<Vec<object_store::ObjectMeta>, _> =
@@ -155,7 +183,7 @@ impl Agent {
                 Err(e) => warn!(error = %e, topic = name, "listing the objects of a deleted topic failed"),
             }
         }
-        Ok(())
+        Ok(deleted)
     }
 
     /// All topics.

@@ -316,6 +316,9 @@ impl Agent {
         // The running writer if it matches metadata (topic id, writer, epoch: read without
         // copying the topic, this runs on every request), else the epoch to start one at.
         let decide = |agent: &Agent| -> Result<Result<PartitionHandle, u64>, ApiError> {
+            // Read before the view: a refresh that lands between the two must not make an
+            // older view pass for a current one.
+            let as_of = agent.inner.metadata.current_as_of();
             let view = agent.inner.metadata.read_local(|s| {
                 s.topics.get(topic).map(|t| {
                     (t.id, t.partitions.get(partition as usize).map(|p| (p.epoch, p.writer.clone())))
@@ -335,6 +338,7 @@ impl Agent {
                 // One that lost its write quorum answers nothing: a newer writer may have
                 // acknowledged past its log's end already.
                 agent.end_check(&h, topic, partition)?;
+                agent.copy_check(as_of, topic, partition)?;
                 return Ok(Ok(h));
             }
             if writer.as_deref() != Some(agent.inner.config.agent_id.as_str()) {
