@@ -127,8 +127,8 @@ struct RemoteInner {
     /// When the latest refresh that succeeded started: the copy includes every write
     /// committed before then.
     current_as_of: std::sync::Mutex<std::time::Instant>,
-    /// How long one refresh of the refresher may take before it gives up and tries again, in
-    /// ms (0: as long as the source's own timeout).
+    /// How long the refresher waits for one refresh before it starts the next beside it, in
+    /// ms (0: it waits as long as the source's own timeout).
     refresh_attempt_ms: AtomicU64,
 }
 
@@ -296,22 +296,20 @@ impl RemoteMetadata {
             }
             let attempt = Duration::from_millis(self.inner.refresh_attempt_ms.load(Ordering::Relaxed));
             let refreshed = if attempt.is_zero() {
-                self.refresh().await
+                self.refresh().await.map(|_| ())
             } else if in_flight.load(Ordering::SeqCst) >= REFRESHES_IN_FLIGHT_MAX {
                 // The earlier ones are still out: wait for them rather than pile more on.
                 continue;
             } else {
                 // A refresh that takes longer is not dropped (a large state may need that long,
                 // and it is current as of its start whenever it lands); the next starts beside it.
-                in_flight.fetch_add(1, Ordering::SeqCst);
-                let (me, count) = (self.clone(), Arc::clone(&in_flight));
+                let (me, counted) = (self.clone(), InFlight::count(&in_flight));
                 let task = tokio::spawn(async move {
-                    let refreshed = me.refresh().await.map(|_| ());
-                    count.fetch_sub(1, Ordering::SeqCst);
-                    refreshed
+                    let _counted = counted;
+                    me.refresh().await.map(|_| ())
                 });
                 match tokio::time::timeout(attempt, task).await {
-                    Ok(Ok(refreshed)) => refreshed.map(|()| self.snapshot()),
+                    Ok(Ok(refreshed)) => refreshed,
                     Ok(Err(e)) => Err(MetadataError::Unavailable(format!("the refresh task failed: {e}"))),
                     Err(_) => Err(MetadataError::Unavailable(format!(
                         "metadata did not answer a refresh within {} ms; another starts beside it",
@@ -329,6 +327,23 @@ impl RemoteMetadata {
                 }
             }
         }
+    }
+}
+
+/// One refresh under way, counted in the refresher's count until it ends (or its task is
+/// dropped).
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn count(count: &Arc<AtomicU64>) -> InFlight {
+        count.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(count))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
