@@ -28,17 +28,22 @@ pub enum Bug {
     /// member took and never acknowledged is done with for the group once the checkpoint is
     /// written (caught with `--groups`).
     CheckpointInFlight,
+    /// A linearizable read of metadata through an agent's copy answers from the copy as it
+    /// is, without asking the leader: a write another agent made before the read started may
+    /// be missing (caught with `--metadata-nodes 3`, by the check of the register).
+    StaleMetadataRead,
 }
 
 impl Bug {
     /// Every defect, with the name `--bug` takes.
-    pub const ALL: [(Bug, &'static str); 6] = [
+    pub const ALL: [(Bug, &'static str); 7] = [
         (Bug::AckBeforeQuorum, "ack-before-quorum"),
         (Bug::SkipFence, "skip-fence"),
         (Bug::TrimWithoutEpochCheck, "trim-without-epoch-check"),
         (Bug::ReuseOffsetAfterCrash, "reuse-offset-after-crash"),
         (Bug::ServePastWatermark, "serve-past-watermark"),
         (Bug::CheckpointInFlight, "checkpoint-in-flight"),
+        (Bug::StaleMetadataRead, "stale-metadata-read"),
     ];
 
     /// The defect `--bug` names `name`.
@@ -57,6 +62,9 @@ static ON: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 /// Turns `bug` on for the rest of the process.
 #[cfg(feature = "sim-bugs")]
 pub fn enable(bug: Bug) {
+    if bug == Bug::StaleMetadataRead {
+        silt_metadata::sim_bugs::enable_stale_reads();
+    }
     ON.fetch_or(bug.bit(), std::sync::atomic::Ordering::SeqCst);
 }
 

@@ -13,6 +13,7 @@
 //! process over a [`MetadataLink`] that can be cut or lose its replies: the copy then lags and
 //! its calls time out exactly as over a partitioned network.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -22,8 +23,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::api::{Change, StateDelta};
-use crate::node::LeaderError;
+use crate::node::{LeaderError, Route};
 use crate::raft::state_machine_store::Changes;
+use crate::raft::types::NodeId;
 use crate::{Command, MetadataClient, MetadataError, MetadataNode, MetadataState, Response};
 
 /// Most refreshes of a copy under way at once: one that takes longer than its attempt (see
@@ -73,6 +75,9 @@ impl Metadata {
         match self {
             Metadata::Local(node) => node.read(f).await,
             Metadata::Remote(remote) => {
+                if crate::sim_bugs::stale_reads() {
+                    return Ok(f(&remote.snapshot()));
+                }
                 let state = remote.refresh().await?;
                 Ok(f(&state))
             }
@@ -146,7 +151,16 @@ impl RemoteMetadata {
         link: Arc<MetadataLink>,
         cancel: CancellationToken,
     ) -> Result<Self, MetadataError> {
-        Self::start(Source::Linked { node, link }, cancel).await
+        Self::linked_cluster(LinkedCluster::of(node), link, cancel).await
+    }
+
+    /// Like [`linked`](Self::linked), to the nodes of `cluster`, whichever leads.
+    pub async fn linked_cluster(
+        cluster: Arc<LinkedCluster>,
+        link: Arc<MetadataLink>,
+        cancel: CancellationToken,
+    ) -> Result<Self, MetadataError> {
+        Self::start(Source::Linked { cluster, link }, cancel).await
     }
 
     async fn start(source: Source, cancel: CancellationToken) -> Result<Self, MetadataError> {
@@ -351,18 +365,22 @@ impl Drop for InFlight {
 enum Source {
     /// A `silt metadata` cluster.
     Http(MetadataClient),
-    /// A node in this process, over a link that can fail.
-    Linked { node: MetadataNode, link: Arc<MetadataLink> },
+    /// Nodes in this process, over a link that can fail.
+    Linked { cluster: Arc<LinkedCluster>, link: Arc<MetadataLink> },
 }
 
 impl Source {
     async fn write(&self, cmd: Command) -> Result<Response, MetadataError> {
         match self {
             Source::Http(client) => client.write(cmd).await,
-            Source::Linked { node, link } => {
-                let deadline = link.send(false).await?;
-                let response = node.write(cmd).await;
-                link.answer(response, false, deadline).await
+            Source::Linked { cluster, link } => {
+                let cmd = &cmd;
+                cluster
+                    .on_leader(link, false, |node, timeout| async move {
+                        node.propose(cmd.clone(), timeout).await
+                    })
+                    .await?
+                    .into_result()
             }
         }
     }
@@ -371,10 +389,10 @@ impl Source {
     async fn read_state(&self) -> Result<(Option<u64>, MetadataState), MetadataError> {
         match self {
             Source::Http(client) => client.read_state().await.map(|r| (r.applied_index, r.state)),
-            Source::Linked { node, link } => {
-                let deadline = link.send(true).await?;
-                let read = node.read_state(node.request_timeout()).await.map_err(unavailable);
-                link.answer(read, true, deadline).await
+            Source::Linked { cluster, link } => {
+                cluster
+                    .on_leader(link, true, |node, timeout| async move { node.read_state(timeout).await })
+                    .await
             }
         }
     }
@@ -388,10 +406,12 @@ impl Source {
                 Err(MetadataError::InvalidArgument(_)) => client.read_state_after(after).await,
                 other => other,
             },
-            Source::Linked { node, link } => {
-                let deadline = link.send(true).await?;
-                let read = node.read_changes(node.request_timeout(), after).await.map_err(unavailable);
-                let (applied_index, changes) = link.answer(read, true, deadline).await?;
+            Source::Linked { cluster, link } => {
+                let (node_id, (applied_index, changes)) = cluster
+                    .on_leader(link, true, |node, timeout| async move {
+                        node.read_changes(timeout, after).await.map(|c| (node.node_id(), c))
+                    })
+                    .await?;
                 let (state, changes) = match changes {
                     Changes::Unchanged => (None, None),
                     Changes::State(state) => (Some(state), None),
@@ -402,17 +422,117 @@ impl Source {
                         ),
                     ),
                 };
-                Ok(StateDelta { node_id: node.node_id(), applied_index, state, changes })
+                Ok(StateDelta { node_id, applied_index, state, changes })
             }
         }
     }
 }
 
-fn unavailable(e: LeaderError) -> MetadataError {
-    match e {
-        LeaderError::NotLeader => MetadataError::Unavailable("the metadata node lost its leadership".into()),
-        LeaderError::Retry(m) | LeaderError::Unknown(m) | LeaderError::Invalid(m) => {
-            MetadataError::Unavailable(m)
+/// The metadata nodes that run in this process (the simulator's cluster, or one node), as a
+/// remote copy reaches them: a call goes to the node that leads, found as a client of a real
+/// cluster finds it (the one that answered last, then each in turn, again with backoff while
+/// none leads), within the link's timeout. A node that is down (see [`down`](Self::down)) is
+/// skipped, as one whose port is closed.
+#[derive(Default)]
+pub struct LinkedCluster {
+    nodes: std::sync::Mutex<BTreeMap<NodeId, MetadataNode>>,
+    /// The node that answered last.
+    leader: AtomicU64,
+}
+
+/// First sleep when no node leads; it doubles up to [`LEADER_BACKOFF_MAX`].
+const LEADER_BACKOFF: Duration = Duration::from_millis(50);
+const LEADER_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+impl LinkedCluster {
+    /// A cluster of which no node runs yet.
+    pub fn new() -> Arc<LinkedCluster> {
+        Arc::default()
+    }
+
+    /// A cluster of the one node `node`.
+    pub fn of(node: MetadataNode) -> Arc<LinkedCluster> {
+        let cluster = LinkedCluster::new();
+        cluster.up(node);
+        cluster
+    }
+
+    /// `node` runs: calls may go to it.
+    pub fn up(&self, node: MetadataNode) {
+        self.lock().insert(node.node_id(), node);
+    }
+
+    /// Node `id` is down (before its runtime is dropped): calls skip it.
+    pub fn down(&self, id: NodeId) {
+        self.lock().remove(&id);
+    }
+
+    /// The nodes that run.
+    pub fn nodes(&self) -> Vec<MetadataNode> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, MetadataNode>> {
+        self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs `call` on the node that leads, over `link` (a read when `read`). A node that does
+    /// not lead, or answers that nothing took effect (`Retry`), is passed over for the next;
+    /// a call whose outcome is unknown is not sent again.
+    async fn on_leader<T, F, Fut>(&self, link: &MetadataLink, read: bool, call: F) -> Result<T, MetadataError>
+    where
+        F: Fn(MetadataNode, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LeaderError>>,
+    {
+        let deadline = link.send(read).await?;
+        let mut backoff = LEADER_BACKOFF;
+        let mut why = "no metadata node runs".to_string();
+        loop {
+            let mut nodes = self.nodes();
+            let hint = self.leader.load(Ordering::Relaxed);
+            nodes.sort_by_key(|n| (n.node_id() != hint, n.node_id()));
+            for node in nodes {
+                match node.route() {
+                    Route::Local => {}
+                    Route::Forward(leader) => {
+                        why = format!(
+                            "metadata node {} does not lead; node {} does",
+                            node.node_id(),
+                            leader.id
+                        );
+                        continue;
+                    }
+                    Route::Wait(m) => {
+                        why = m;
+                        continue;
+                    }
+                }
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let outcome = match call(node.clone(), left.min(node.request_timeout())).await {
+                    Ok(answer) => {
+                        self.leader.store(node.node_id(), Ordering::Relaxed);
+                        Ok(answer)
+                    }
+                    Err(LeaderError::NotLeader) => {
+                        why = format!("metadata node {} lost its leadership", node.node_id());
+                        continue;
+                    }
+                    Err(LeaderError::Retry(m)) if read => {
+                        why = m;
+                        continue;
+                    }
+                    Err(LeaderError::Retry(m) | LeaderError::Unknown(m)) => {
+                        Err(MetadataError::Unavailable(m))
+                    }
+                    Err(LeaderError::Invalid(m)) => Err(MetadataError::InvalidArgument(m)),
+                };
+                return link.answer(outcome, read, deadline).await;
+            }
+            if tokio::time::Instant::now() + backoff >= deadline {
+                return link.answer(Err(MetadataError::Unavailable(why)), read, deadline).await;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(LEADER_BACKOFF_MAX);
         }
     }
 }
@@ -530,6 +650,65 @@ mod tests {
 
     fn has_topic(metadata: &Metadata, name: &str) -> bool {
         metadata.read_local(|s| s.topics.contains_key(name))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_linked_copy_of_a_three_node_cluster_follows_its_leader_when_the_leader_is_cut_off() {
+        use crate::raft::memory_network::{MemoryRaftNetwork, RaftLink, RaftRouter};
+        use crate::MetadataNodeOptions;
+
+        let dir = tempfile::tempdir().unwrap();
+        let router = RaftRouter::new();
+        let cluster = LinkedCluster::new();
+        let members: BTreeMap<NodeId, String> =
+            (1..=3).map(|id| (id, format!("sim://metadata-{id}"))).collect();
+        for id in 1..=3 {
+            let network = MemoryRaftNetwork::new(id, Arc::clone(&router));
+            let node = MetadataNode::open_cluster_over(
+                &dir.path().join(id.to_string()),
+                id,
+                Some(members.clone()),
+                MetadataNodeOptions::default(),
+                network,
+            )
+            .await
+            .unwrap();
+            router.register(id, node.raft().clone(), tokio::runtime::Handle::current());
+            cluster.up(node);
+        }
+        let link = MetadataLink::new(Duration::from_secs(10));
+        let cancel = CancellationToken::new();
+        let copy = Metadata::Remote(
+            RemoteMetadata::linked_cluster(Arc::clone(&cluster), link, cancel.clone()).await.unwrap(),
+        );
+        copy.write(create_topic("first")).await.unwrap();
+        assert!(has_topic(&copy, "first"));
+
+        let leader = cluster.nodes()[0].raft().metrics().borrow().current_leader.unwrap();
+        for other in (1..=3).filter(|id| *id != leader) {
+            router.set_link(leader, other, RaftLink::Cut);
+            router.set_link(other, leader, RaftLink::Cut);
+        }
+        // The cut-off leader's proposals cannot commit; once the others elected a leader of
+        // their own (and the old one has heard from no quorum for a while), calls go there.
+        let other = cluster.nodes().into_iter().find(|n| n.node_id() != leader).unwrap();
+        other
+            .raft()
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(|m| m.current_leader.is_some_and(|l| l != leader), "the majority elects a new leader")
+            .await
+            .unwrap();
+        copy.write(create_topic("after")).await.unwrap();
+        assert!(
+            copy.read(|s| s.topics.contains_key("first") && s.topics.contains_key("after")).await.unwrap(),
+            "the majority's new leader holds what the old one committed, and the write made after the cut"
+        );
+
+        router.heal();
+        cancel.cancel();
+        for node in cluster.nodes() {
+            node.shutdown().await;
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

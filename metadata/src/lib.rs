@@ -30,6 +30,7 @@ pub mod node_status;
 pub mod raft;
 pub mod runtime;
 pub mod server;
+pub mod sim_bugs;
 pub mod state;
 pub mod topic_config;
 

@@ -207,6 +207,19 @@ impl MetadataNode {
         initial_members: Option<BTreeMap<NodeId, String>>,
         options: MetadataNodeOptions,
     ) -> Result<MetadataNode, MetadataError> {
+        Self::open_cluster_over(dir, node_id, initial_members, options, HttpNetwork::new()?).await
+    }
+
+    /// [`open_cluster`](Self::open_cluster) over the Raft network `network` (the simulator's
+    /// nodes in one process talk over a
+    /// [`MemoryRaftNetwork`](crate::raft::memory_network::MemoryRaftNetwork)).
+    pub async fn open_cluster_over<N: RaftNetworkFactory<TypeConfig>>(
+        dir: &Path,
+        node_id: u64,
+        initial_members: Option<BTreeMap<NodeId, String>>,
+        options: MetadataNodeOptions,
+        network: N,
+    ) -> Result<MetadataNode, MetadataError> {
         if let Some(members) = &initial_members {
             if !members.contains_key(&node_id) {
                 return Err(MetadataError::InvalidArgument(format!(
@@ -215,7 +228,7 @@ impl MetadataNode {
                 )));
             }
         }
-        let node = Self::start(dir, node_id, &options, HttpNetwork::new()?).await?;
+        let node = Self::start(dir, node_id, &options, network).await?;
         if let Some(members) = initial_members {
             if let Err(e) = node.initialize(members).await {
                 node.shutdown().await;

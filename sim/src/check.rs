@@ -41,10 +41,18 @@
 //!   message the final log holds there, and one that a segment of metadata points to holds
 //!   every offset of the final log in that segment's range (the archive equals the log; reads
 //!   of archived offsets through agents are judged as every read is).
+//!
+//! With several metadata nodes (`silt-sim --metadata-nodes 3`):
+//!
+//! - `metadata-not-linearizable`: the writes and reads of a register in metadata (a config of
+//!   a topic of its own) that clients made through random agents' copies fit one order that
+//!   respects real time, each read returning the latest write before it
+//!   ([`crate::linearizable`]).
 
 use std::collections::BTreeMap;
 
 use crate::history::{Delivery, Event, History, Op, Seen};
+use crate::linearizable::{check_register, Access, NotLinearizable, RegisterOp};
 
 /// The first property a history violates, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +67,7 @@ fn violation(property: &'static str, detail: String) -> Result<(), Violation> {
 
 /// Checks `history` (see the module documentation).
 pub fn check(history: &History) -> Result<(), Violation> {
+    check_metadata_register(&history.events)?;
     let recreated = history.events.iter().find(|e| matches!(e.op, Op::Recreate { .. }));
     let Some(recreated) = recreated else {
         return check_log(&history.events.iter().collect::<Vec<_>>(), false);
@@ -73,6 +82,42 @@ pub fn check(history: &History) -> Result<(), Violation> {
     check_log(&before, true)?;
     check_log(&after, false)?;
     check_deleted_stays_deleted(&before, &after)
+}
+
+/// `metadata-not-linearizable`: the writes and reads of the register in metadata fit one
+/// order that respects real time.
+fn check_metadata_register(events: &[Event]) -> Result<(), Violation> {
+    let ops: Vec<RegisterOp> = events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::RegisterWrite { value, result, .. } => Some(RegisterOp {
+                start: e.start,
+                end: result.is_ok().then_some(e.end),
+                kind: Access::Write(*value),
+            }),
+            Op::RegisterRead { result: Ok(value), .. } => {
+                Some(RegisterOp { start: e.start, end: Some(e.end), kind: Access::Read(*value) })
+            }
+            _ => None,
+        })
+        .collect();
+    match check_register(Some(crate::register::INITIAL), &ops) {
+        Ok(()) => Ok(()),
+        Err(NotLinearizable::TooLarge) => violation(
+            "metadata-not-linearizable",
+            format!("the {} operations on the register are too many to judge", ops.len()),
+        ),
+        Err(NotLinearizable::Violated { op }) => violation(
+            "metadata-not-linearizable",
+            format!(
+                "no order of the {} operations on the register respects real time and places {:?} (from {} to {:?} ms)",
+                ops.len(),
+                op.kind,
+                op.start,
+                op.end
+            ),
+        ),
+    }
 }
 
 /// `deleted-returned`: no message produced to the deleted topic is read from the new one.

@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use silt_agent::log::disk::{self, FaultKind};
 use silt_agent::memory_network::Link;
 use silt_metadata::handle::LinkState;
+use silt_metadata::raft::memory_network::RaftLink;
 
 use crate::world::World;
 use silt_sim::history::Ms;
@@ -60,6 +61,25 @@ pub(crate) enum Fault {
     /// With `--archive`: from now on this share of the calls to the bucket fail (a 503, a 500,
     /// a timeout, a PUT applied whose answer is lost, a slow GET), until the next such event.
     BucketErrors { percent: u32 },
+    /// Metadata node `node`'s process is killed (`kill -9`): what it wrote stays.
+    MetadataKill { node: u64 },
+    /// Whichever metadata node leads at the time is killed, as [`Fault::MetadataKill`].
+    MetadataKillLeader,
+    /// Every metadata node that is down starts again.
+    MetadataRestartAll,
+    /// Raft's messages from one metadata node to another never arrive, lose their answers, or
+    /// are slow.
+    RaftLink { from: u64, to: u64, link: RaftLink },
+    /// Whichever metadata node leads at the time is cut off from every other node, both ways
+    /// (the agents still reach it).
+    IsolateMetadataLeader,
+    /// Every link between metadata nodes is mended.
+    MendRaftLinks,
+    /// The whole cluster loses power at once: every agent (its disks keep only what was
+    /// fsynced) and every metadata node (killed).
+    PowerLossEverywhere,
+    /// Every host that is down, agent or metadata node, starts again.
+    RestartEverything,
 }
 
 impl fmt::Display for Fault {
@@ -103,6 +123,14 @@ impl fmt::Display for Fault {
             Fault::RestartAll => write!(f, "restart every agent that is down, mend every link"),
             Fault::BucketErrors { percent: 0 } => write!(f, "calls to the bucket succeed again"),
             Fault::BucketErrors { percent } => write!(f, "{percent}% of the calls to the bucket fail"),
+            Fault::MetadataKill { node } => write!(f, "kill -9 metadata node {node}"),
+            Fault::MetadataKillLeader => write!(f, "kill -9 the metadata leader"),
+            Fault::MetadataRestartAll => write!(f, "restart every metadata node that is down"),
+            Fault::RaftLink { from, to, link } => write!(f, "raft link metadata {from} -> {to}: {link:?}"),
+            Fault::IsolateMetadataLeader => write!(f, "isolate the metadata leader from the other nodes"),
+            Fault::MendRaftLinks => write!(f, "mend every link between metadata nodes"),
+            Fault::PowerLossEverywhere => write!(f, "power loss of every agent and metadata node"),
+            Fault::RestartEverything => write!(f, "restart every host that is down"),
         }
     }
 }
@@ -118,7 +146,8 @@ impl Schedule {
     /// Each fault that lasts ends within the phase; every fault left is healed at its end. With
     /// `disk_loss`, a writer that loses power may lose its disk too; with `archive`, windows of
     /// errors from the bucket come on top (drawn apart, so that the rest stays as it was).
-    pub(crate) fn draw(seed: u64, agents: &[String], phase: Ms, disk_loss: bool, archive: bool) -> Schedule {
+    pub(crate) fn draw(seed: u64, world: &World, phase: Ms, disk_loss: bool, archive: bool) -> Schedule {
+        let agents = &world.agents[..];
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5117_5111);
         let mut events = Vec::new();
         let count = rng.random_range(3..=10);
@@ -228,6 +257,53 @@ impl Schedule {
                 events.push((end, Fault::BucketErrors { percent: 0 }));
             }
         }
+        if world.metadata_nodes.len() > 1 {
+            let nodes: Vec<u64> = world.metadata_nodes.keys().copied().collect();
+            let mut apart = StdRng::seed_from_u64(seed ^ 0x3E7A_DA7A);
+            for _ in 0..apart.random_range(2..=6) {
+                let at = apart.random_range(1_000..phase - 1_000);
+                let end = (at + apart.random_range(200..=8_000)).min(phase);
+                match apart.random_range(0..8) {
+                    0 => {
+                        let node = nodes[apart.random_range(0..nodes.len())];
+                        events.push((at, Fault::MetadataKill { node }));
+                        events.push((end, Fault::MetadataRestartAll));
+                    }
+                    1 | 2 => {
+                        events.push((at, Fault::MetadataKillLeader));
+                        events.push((end, Fault::MetadataRestartAll));
+                    }
+                    3 | 4 => {
+                        events.push((at, Fault::IsolateMetadataLeader));
+                        events.push((end, Fault::MendRaftLinks));
+                    }
+                    5 | 6 => {
+                        let a = apart.random_range(0..nodes.len());
+                        let b = (a + apart.random_range(1..nodes.len())) % nodes.len();
+                        let link = match apart.random_range(0..3) {
+                            0 => RaftLink::Cut,
+                            1 => RaftLink::RepliesLost,
+                            _ => RaftLink::Slow(std::time::Duration::from_millis(
+                                apart.random_range(20..=2_000),
+                            )),
+                        };
+                        let (from, to) = (nodes[a], nodes[b]);
+                        events.push((at, Fault::RaftLink { from, to, link }));
+                        if apart.random_bool(0.5) {
+                            events.push((at, Fault::RaftLink { from: to, to: from, link }));
+                        }
+                        events.push((end, Fault::MendRaftLinks));
+                    }
+                    _ => {
+                        // Rarer than the others: once in a few runs.
+                        if apart.random_bool(0.5) {
+                            events.push((at, Fault::PowerLossEverywhere));
+                            events.push((end, Fault::RestartEverything));
+                        }
+                    }
+                }
+            }
+        }
         // Stable: events at one time keep the order they were drawn in.
         events.sort_by_key(|(at, _)| *at);
         Schedule { events }
@@ -326,6 +402,47 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
                 bucket.faults.set_error_rate(f64::from(*percent) / 100.0);
             }
         }
+        Fault::MetadataKill { node } => {
+            let host = world.metadata_nodes[node].as_str();
+            if sim.is_host_running(host) {
+                world.metadata_down(*node);
+                sim.crash(host);
+            }
+        }
+        Fault::MetadataKillLeader => {
+            if let Some(node) = world.metadata_leader() {
+                apply(&Fault::MetadataKill { node }, world, sim)?;
+            }
+        }
+        Fault::MetadataRestartAll => {
+            for host in world.metadata_nodes.values() {
+                if !sim.is_host_running(host.as_str()) {
+                    sim.bounce(host.as_str());
+                }
+            }
+        }
+        Fault::RaftLink { from, to, link } => world.raft.set_link(*from, *to, *link),
+        Fault::IsolateMetadataLeader => {
+            if let Some(leader) = world.metadata_leader() {
+                for other in world.metadata_nodes.keys().filter(|n| **n != leader) {
+                    world.raft.set_link(leader, *other, RaftLink::Cut);
+                    world.raft.set_link(*other, leader, RaftLink::Cut);
+                }
+            }
+        }
+        Fault::MendRaftLinks => world.raft.heal(),
+        Fault::PowerLossEverywhere => {
+            for agent in &world.agents {
+                apply(&Fault::Crash { agent: agent.clone(), torn: 0 }, world, sim)?;
+            }
+            for node in world.metadata_nodes.keys() {
+                apply(&Fault::MetadataKill { node: *node }, world, sim)?;
+            }
+        }
+        Fault::RestartEverything => {
+            apply(&Fault::MetadataRestartAll, world, sim)?;
+            apply(&Fault::RestartAll, world, sim)?;
+        }
     }
     Ok(())
 }
@@ -336,7 +453,7 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
 /// restarted (as an operator does when told so). Injected disk errors not yet used up stay;
 /// they are few.
 pub(crate) fn heal_all(world: &World) -> Vec<Fault> {
-    let mut heal = vec![Fault::MendMetadataLinks];
+    let mut heal = vec![Fault::MendMetadataLinks, Fault::MendRaftLinks, Fault::MetadataRestartAll];
     if world.bucket.is_some() {
         heal.push(Fault::BucketErrors { percent: 0 });
     }

@@ -58,6 +58,13 @@ pub enum Op {
     /// it for (`None`: no segment points to it); the result is the partition and the records
     /// the object holds, or why it could not be read.
     Archived { key: String, segment: Option<(u32, u64, u64)>, result: Result<(u32, Vec<Seen>), String> },
+    /// A write of `value` to the register in metadata (it starts holding [`crate::register::INITIAL`]) (a config of a topic of its own) through
+    /// the agent `via`'s copy of metadata; `Err` when its outcome is unknown (it may have taken
+    /// effect). Refused ones are not recorded.
+    RegisterWrite { via: String, value: u64, result: Result<(), String> },
+    /// A linearizable read of the register through the agent `via`'s copy of metadata (`None`:
+    /// it held nothing yet).
+    RegisterRead { via: String, result: Result<Option<u64>, String> },
 }
 
 /// An operation and when it ran.
@@ -158,6 +165,14 @@ impl fmt::Display for Event {
                     Err(e) => write!(f, " -> unreadable: {e}"),
                 }
             }
+            Op::RegisterWrite { via, value, result: Ok(()) } => {
+                write!(f, "register write {value} via {via} -> done")
+            }
+            Op::RegisterWrite { via, value, result: Err(e) } => {
+                write!(f, "register write {value} via {via} -> unknown: {e}")
+            }
+            Op::RegisterRead { via, result: Ok(value) } => write!(f, "register read via {via} -> {value:?}"),
+            Op::RegisterRead { via, result: Err(e) } => write!(f, "register read via {via} -> failed: {e}"),
         }
     }
 }

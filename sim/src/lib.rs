@@ -4,3 +4,5 @@
 
 pub mod check;
 pub mod history;
+pub mod linearizable;
+pub mod register;

@@ -48,7 +48,7 @@ struct Args {
     trace: bool,
     /// Turns on a deliberate defect, to see the checker catch it: ack-before-quorum,
     /// skip-fence, trim-without-epoch-check, reuse-offset-after-crash, serve-past-watermark,
-    /// checkpoint-in-flight (with --groups).
+    /// checkpoint-in-flight (with --groups), stale-metadata-read (with --metadata-nodes 3).
     #[arg(long, value_name = "NAME", value_parser = parse_bug)]
     bug: Option<String>,
     /// Also replaces the disk of a writer that lost power (at most one per run). Off by
@@ -76,6 +76,13 @@ struct Args {
     /// that a seed runs as before it existed.
     #[arg(long, conflicts_with = "groups")]
     recreate: bool,
+    /// How many metadata nodes run: 1 (a cluster of one, as `silt dev`'s) or 3 or 5, one Raft
+    /// cluster over a simulated network, under faults of their own (crashes of any node and of
+    /// the leader, isolated nodes, links between nodes cut, losing their answers or slow, and
+    /// once in a while the whole cluster, agents and metadata, losing power at once). 1 by
+    /// default, so that a seed runs as before it existed.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_metadata_nodes)]
+    metadata_nodes: u64,
     /// With --seeds: how many seeds run at once.
     #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
@@ -92,6 +99,13 @@ fn parse_range(s: &str) -> Result<Range<u64>, String> {
         return Err(format!("'{s}' holds no seed: END must be above START"));
     }
     Ok(a..b)
+}
+
+fn parse_metadata_nodes(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!("'{s}' metadata nodes: give 1, 3 or 5 (a Raft cluster of an odd size)")),
+    }
 }
 
 fn parse_bug(s: &str) -> Result<String, String> {
@@ -129,6 +143,7 @@ struct Options {
     groups: bool,
     archive: bool,
     recreate: bool,
+    metadata_nodes: u64,
 }
 
 impl Args {
@@ -138,6 +153,7 @@ impl Args {
             groups: self.groups,
             archive: self.archive,
             recreate: self.recreate,
+            metadata_nodes: self.metadata_nodes,
         }
     }
 }
@@ -213,8 +229,8 @@ fn init_logs(trace: bool) {
 
 /// The run of one seed: the cluster, the clients and the schedule, until the clients are done.
 fn simulate(seed: u64, trace: bool, options: Options) -> anyhow::Result<History> {
-    let world = World::new(3, options.archive);
-    let schedule = Schedule::draw(seed, &world.agents, FAULT_PHASE, options.disk_loss, options.archive);
+    let world = World::new(seed, 3, options.metadata_nodes, options.archive);
+    let schedule = Schedule::draw(seed, &world, FAULT_PHASE, options.disk_loss, options.archive);
     if trace {
         println!("schedule of seed {seed}:");
         for (at, fault) in &schedule.events {
@@ -227,8 +243,10 @@ fn simulate(seed: u64, trace: bool, options: Options) -> anyhow::Result<History>
         .tick_duration(TICK)
         .simulation_duration(Duration::from_secs(3_600))
         .build();
-    let w = Arc::clone(&world);
-    sim.host("metadata", move || Arc::clone(&w).run_metadata());
+    for (id, host) in world.metadata_nodes.clone() {
+        let w = Arc::clone(&world);
+        sim.host(host.as_str(), move || Arc::clone(&w).run_metadata(id));
+    }
     for id in world.agents.clone() {
         let (w, host) = (Arc::clone(&world), id.clone());
         sim.host(host.as_str(), move || Arc::clone(&w).run_agent(id.clone()));
@@ -372,6 +390,9 @@ fn run_child(exe: &std::path::Path, seed: u64, bug: Option<&str>, options: Optio
     }
     if options.recreate {
         cmd.arg("--recreate");
+    }
+    if options.metadata_nodes != 1 {
+        cmd.arg("--metadata-nodes").arg(options.metadata_nodes.to_string());
     }
     let child =
         cmd.spawn().map_err(|e| format!("seed {seed}: failed: simulation-failed: cannot start it: {e}"))?;

@@ -17,10 +17,12 @@ use silt_record::Record;
 
 use silt_agent::agent::PollRequest;
 use silt_metadata::state::{AckCheckpoint, GroupMode};
+use silt_metadata::MetadataError;
 use silt_record::MessageId;
 
 use crate::world::World;
 use silt_sim::history::{Delivery, Event, History, Ms, Op, Seen};
+use silt_sim::register;
 
 pub(crate) const TOPIC: &str = "events";
 pub(crate) const PARTITIONS: u32 = 2;
@@ -34,6 +36,7 @@ const MEMBERS: [&str; 2] = ["m0", "m1"];
 const VISIBILITY_TIMEOUT_MS: &str = "2000";
 /// How often metadata's ack checkpoints are looked at.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
 /// How long the clients keep trying to read every partition to its end after the faults.
 const RECOVERY: Duration = Duration::from_secs(180);
 
@@ -157,6 +160,15 @@ impl Clients {
         if self.recreate {
             let (clients, seed) = (Arc::clone(&self), rng.random());
             tasks.push(tokio::task::spawn_local(async move { clients.recreate(seed, phase_end).await }));
+        }
+        if self.world.metadata_nodes.len() > 1 {
+            let mut apart = StdRng::seed_from_u64(seed ^ 0x3E61_57E2);
+            for client in 0..register::CLIENTS {
+                let (clients, seed) = (Arc::clone(&self), apart.random());
+                tasks.push(tokio::task::spawn_local(async move {
+                    clients.register(client, seed, phase_end).await
+                }));
+            }
         }
         let watch = self.groups.then(|| {
             let clients = Arc::clone(&self);
@@ -451,6 +463,76 @@ impl Clients {
                 .await
                 .map(|_| ());
             self.record(start, Op::Configure { via, config: shown, result });
+        }
+    }
+
+    /// With several metadata nodes: writes unique values to the register and reads it, through
+    /// random agents' copies of metadata (a write as every agent commits a command, a read as
+    /// every agent's linearizable read), until `phase_end`. The first client creates the
+    /// register's topic; the others wait until a read finds it.
+    async fn register(self: Arc<Clients>, client: u64, seed: u64, phase_end: Ms) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        loop {
+            let via = self.agent(&mut rng);
+            let exists = if client == 0 {
+                let created = self
+                    .world
+                    .call(&via, |a| async move {
+                        let config = register::topic_config();
+                        a.create_topic(register::TOPIC, 1, config).await
+                    })
+                    .await;
+                created.is_ok() || created.is_err_and(|e| e.contains("already exists"))
+            } else {
+                let read = self
+                    .world
+                    .call(&via, |a| async move {
+                        Ok(a.metadata().read(|s| s.topics.contains_key(register::TOPIC)).await)
+                    })
+                    .await;
+                matches!(read, Ok(Ok(true)))
+            };
+            if exists {
+                break;
+            }
+            if now() >= phase_end {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut written = 0;
+        while now() < phase_end {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(10..300))).await;
+            let via = self.agent(&mut rng);
+            let start = now();
+            if rng.random_bool(0.5) {
+                written += 1;
+                let value = register::value(client, written);
+                let command = register::write(value);
+                let answer = self
+                    .world
+                    .call(&via, move |a| async move { Ok(a.metadata().write(command).await.map(|_| ())) })
+                    .await;
+                let result = match answer {
+                    Ok(Ok(())) => Ok(()),
+                    // It may have been committed: its answer was lost, or it timed out.
+                    Ok(Err(MetadataError::Unavailable(e))) | Err(e) => Err(e),
+                    // Refused: it took no effect.
+                    Ok(Err(_)) => continue,
+                };
+                self.record(start, Op::RegisterWrite { via, value, result });
+            } else {
+                let read = self
+                    .world
+                    .call(&via, |a| async move { Ok(a.metadata().read(register::read).await) })
+                    .await;
+                let result = match read {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(e) => Err(e),
+                };
+                self.record(start, Op::RegisterRead { via, result });
+            }
         }
     }
 

@@ -1,4 +1,4 @@
-//! The simulated cluster: a metadata node and agents, each a turmoil host with a runtime of its
+//! The simulated cluster: metadata nodes and agents, each a turmoil host with a runtime of its
 //! own (a crash drops the runtime with every task on it), the agents reaching each other over a
 //! [`MemoryNetwork`] and metadata over a [`MetadataLink`] each (a copy of its state that lags,
 //! as a remote agent's does), their segment files under the process's working directory with
@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use object_store::memory::InMemory;
 use object_store::ObjectStore;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use silt::dev::LocalAgent;
 use silt_agent::agent::Archive;
 use silt_agent::log::disk::{self, PowerLoss};
@@ -22,8 +25,9 @@ use silt_agent::{Agent, AgentConfig, ApiError};
 use silt_compactor::metrics::CompactorMetrics;
 use silt_compactor::{Compactor, CompactorConfig};
 use silt_metadata::clock::{Clock, SystemClock};
-use silt_metadata::handle::MetadataLink;
-use silt_metadata::{Metadata, MetadataClientOptions, MetadataNode, RemoteMetadata};
+use silt_metadata::handle::{LinkedCluster, MetadataLink};
+use silt_metadata::raft::memory_network::{MemoryRaftNetwork, RaftRouter};
+use silt_metadata::{Metadata, MetadataClientOptions, MetadataNode, MetadataNodeOptions, RemoteMetadata};
 use silt_tiering::cold_reader::{ColdReader, ColdReaderOptions};
 use silt_tiering::{FaultConfig, FaultInjectingObjectStore, RetryingObjectStore};
 use tokio::runtime::Handle;
@@ -96,7 +100,14 @@ pub(crate) struct World {
     pub(crate) agents: Vec<String>,
     pub(crate) net: Arc<MemoryNetwork>,
     running: Mutex<BTreeMap<String, Running>>,
-    metadata: Mutex<Option<MetadataNode>>,
+    /// The metadata nodes' ids (1, 2, ...) and their hosts' names.
+    pub(crate) metadata_nodes: BTreeMap<u64, String>,
+    /// The metadata nodes that run, as the agents reach them.
+    metadata: Arc<LinkedCluster>,
+    /// Each metadata node's election timeout in ms, drawn from the seed.
+    election_timeouts: BTreeMap<u64, u64>,
+    /// The Raft network between the metadata nodes.
+    pub(crate) raft: Arc<RaftRouter>,
     pub(crate) clocks: BTreeMap<String, Arc<SteppedClock>>,
     /// Each agent's link to metadata.
     pub(crate) metadata_links: BTreeMap<String, Arc<MetadataLink>>,
@@ -110,8 +121,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl World {
-    /// A world of `agents` agents, none started; with `archive`, a bucket for them.
-    pub(crate) fn new(agents: usize, archive: bool) -> Arc<World> {
+    /// A world of `agents` agents and `metadata_nodes` metadata nodes, none started; with
+    /// `archive`, a bucket for the agents.
+    pub(crate) fn new(seed: u64, agents: usize, metadata_nodes: u64, archive: bool) -> Arc<World> {
+        let metadata_nodes: BTreeMap<u64, String> = match metadata_nodes {
+            1 => BTreeMap::from([(1, "metadata".to_string())]),
+            n => (1..=n).map(|id| (id, format!("metadata-{id}"))).collect(),
+        };
+        // openraft draws each election timeout from `rand` 0.8's thread RNG, which reads the
+        // kernel's randomness by a raw system call that `overrides.rs` cannot answer: each
+        // node's timeout is fixed instead, drawn from the seed, a rank of 100 ms apart from
+        // every other node's so that no two time out together for good.
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xE1EC_7104);
+        let mut ranks: Vec<u64> = (0..metadata_nodes.len() as u64).collect();
+        ranks.shuffle(&mut rng);
+        let election_timeouts = metadata_nodes
+            .keys()
+            .zip(ranks)
+            .map(|(id, rank)| (*id, 300 + rank * 100 + rng.random_range(0..90)))
+            .collect();
         let agents: Vec<String> = (0..agents).map(|i| format!("agent-{i}")).collect();
         let clocks = agents.iter().map(|a| (a.clone(), Arc::new(SteppedClock::default()))).collect();
         let power = agents.iter().map(|a| (a.clone(), disk::record_unsynced(&format!("{a}/")))).collect();
@@ -121,7 +149,10 @@ impl World {
             agents,
             net: MemoryNetwork::new(),
             running: Mutex::new(BTreeMap::new()),
-            metadata: Mutex::new(None),
+            metadata_nodes,
+            metadata: LinkedCluster::new(),
+            election_timeouts,
+            raft: RaftRouter::new(),
             clocks,
             metadata_links,
             power,
@@ -129,24 +160,69 @@ impl World {
         })
     }
 
-    /// The metadata host's software: opens the node under `metadata/` and serves.
-    pub(crate) async fn run_metadata(self: Arc<World>) -> turmoil::Result {
-        let node = MetadataNode::open(Path::new("metadata"), 1, "sim://metadata".into()).await?;
-        *lock(&self.metadata) = Some(node);
+    /// A metadata host's software: opens node `id` under the directory of its host's name
+    /// and serves. One node is a cluster of its own (as `silt dev`'s); several are one Raft
+    /// cluster over [`World::raft`], each initialized with them all (as `silt metadata --init`
+    /// does; a node that is already initialized ignores it).
+    pub(crate) async fn run_metadata(self: Arc<World>, id: u64) -> turmoil::Result {
+        let host = &self.metadata_nodes[&id];
+        let node = if self.metadata_nodes.len() == 1 {
+            MetadataNode::open(Path::new(host), id, format!("sim://{host}")).await?
+        } else {
+            let members =
+                self.metadata_nodes.iter().map(|(id, host)| (*id, format!("sim://{host}"))).collect();
+            let timeout = self.election_timeouts[&id];
+            let options = MetadataNodeOptions {
+                election_timeout_min_ms: timeout,
+                election_timeout_max_ms: timeout + 1,
+                ..MetadataNodeOptions::default()
+            };
+            MetadataNode::open_cluster_over(
+                Path::new(host),
+                id,
+                Some(members),
+                options,
+                MemoryRaftNetwork::new(id, Arc::clone(&self.raft)),
+            )
+            .await?
+        };
+        self.raft.register(id, node.raft().clone(), Handle::current());
+        self.metadata.up(node);
         std::future::pending::<()>().await;
         Ok(())
+    }
+
+    /// Before metadata node `id`'s host crashes: nothing reaches it any more.
+    pub(crate) fn metadata_down(&self, id: u64) {
+        self.metadata.down(id);
+        self.raft.unregister(id);
+    }
+
+    /// The metadata node that runs and has applied the most: what metadata holds, as far as
+    /// anyone can know (a node applies only what a quorum committed).
+    fn metadata_node(&self) -> Option<MetadataNode> {
+        self.metadata.nodes().into_iter().max_by_key(|n| n.raft().metrics().borrow().last_applied)
+    }
+
+    /// The metadata node that leads now, if any leads.
+    pub(crate) fn metadata_leader(&self) -> Option<u64> {
+        let node = self.metadata_node()?;
+        let leader = node.raft().metrics().borrow().current_leader;
+        leader
     }
 
     /// An agent host's software: starts the agent `id` on its data directory once metadata
     /// serves (as a service manager would, again after a failed start), then serves.
     pub(crate) async fn run_agent(self: Arc<World>, id: String) -> turmoil::Result {
         let agent = loop {
-            let Some(node) = lock(&self.metadata).clone() else {
+            if self.metadata.nodes().is_empty() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
-            };
+            }
             let link = Arc::clone(&self.metadata_links[&id]);
-            let metadata = match RemoteMetadata::linked(node, link, CancellationToken::new()).await {
+            let cluster = Arc::clone(&self.metadata);
+            let metadata = match RemoteMetadata::linked_cluster(cluster, link, CancellationToken::new()).await
+            {
                 Ok(remote) => Metadata::Remote(remote),
                 Err(e) => {
                     warn!(agent = %id, error = %e, "cannot reach metadata; trying again in a second");
@@ -242,7 +318,7 @@ impl World {
 
     /// The agent that writes `partition` of the workload's topic now, if metadata names one.
     pub(crate) fn writer_of(&self, partition: u32) -> Option<String> {
-        let node = lock(&self.metadata).clone()?;
+        let node = self.metadata_node()?;
         node.read_local(|s| {
             s.topics.get(crate::workload::TOPIC)?.partitions.get(partition as usize)?.writer.clone()
         })
@@ -250,14 +326,14 @@ impl World {
 
     /// The id of the workload's topic metadata holds, if it holds one.
     pub(crate) fn topic_id(&self) -> Option<u64> {
-        let node = lock(&self.metadata).clone()?;
+        let node = self.metadata_node()?;
         node.read_local(|s| s.topics.get(crate::workload::TOPIC).map(|t| t.id))
     }
 
     /// The object key of every archived segment of the workload's topic metadata holds, with
     /// the segment's partition and offsets.
     pub(crate) fn archived_segments(&self) -> BTreeMap<String, (u32, u64, u64)> {
-        let Some(node) = lock(&self.metadata).clone() else { return BTreeMap::new() };
+        let Some(node) = self.metadata_node() else { return BTreeMap::new() };
         node.read_local(|s| {
             let Some(topic) = s.topics.get(crate::workload::TOPIC) else { return BTreeMap::new() };
             let mut archived = BTreeMap::new();
@@ -275,7 +351,7 @@ impl World {
     /// The ack checkpoints of `group` on `topic` metadata holds, per partition: the floor and
     /// the acknowledged ranges above it.
     pub(crate) fn checkpoints(&self, group: &str, topic: &str) -> BTreeMap<u32, (u64, Vec<(u64, u64)>)> {
-        let Some(node) = lock(&self.metadata).clone() else { return BTreeMap::new() };
+        let Some(node) = self.metadata_node() else { return BTreeMap::new() };
         node.read_local(|s| {
             s.groups
                 .get(group)

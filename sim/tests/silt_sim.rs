@@ -57,6 +57,15 @@ fn the_same_seed_gives_the_same_trace_byte_for_byte() {
     assert!(trace.contains("delete the topic and create it again -> done"), "{trace}");
     assert!(first.stdout == second.stdout, "two runs of seed 7 with --archive --recreate differ");
     assert!(first.status.success(), "seed 7 with --archive --recreate:\n{trace}");
+    // Three metadata nodes under faults of their own, the register in metadata read and written.
+    let first = silt_sim(&["--seed", "7", "--metadata-nodes", "3", "--trace"]);
+    let second = silt_sim(&["--seed", "7", "--metadata-nodes", "3", "--trace"]);
+    let trace = stdout(&first);
+    for line in ["register write", "register read", "initializing the metadata cluster node_id=3"] {
+        assert!(trace.contains(line), "no '{line}' in the trace with --metadata-nodes 3:\n{trace}");
+    }
+    assert!(first.stdout == second.stdout, "two runs of seed 7 with --metadata-nodes 3 differ");
+    assert!(first.status.success(), "seed 7 with --metadata-nodes 3:\n{trace}");
 }
 
 /// Every defect `--bug` names, with the options that exercise it.
@@ -67,6 +76,7 @@ const DEFECTS: &[(&str, &[&str])] = &[
     ("skip-fence", &[]),
     ("trim-without-epoch-check", &[]),
     ("checkpoint-in-flight", &["--groups"]),
+    ("stale-metadata-read", &["--metadata-nodes", "3"]),
 ];
 
 #[test]
@@ -137,6 +147,10 @@ fn bad_arguments_get_a_clear_error_and_run_nothing() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no defect is named 'no-such-defect'") && err.contains("skip-fence"), "{err}");
+
+    let o = silt_sim(&["--seed", "1", "--metadata-nodes", "2"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give 1, 3 or 5"), "{o:?}");
 
     let o = silt_sim(&[]);
     assert_eq!(o.status.code(), Some(2));

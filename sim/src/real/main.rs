@@ -17,8 +17,10 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use silt::client::{Client, OutMessage};
+use silt_metadata::{MetadataClient, MetadataClientOptions, MetadataError};
 use silt_sim::check;
 use silt_sim::history::{Event, History, Ms, Op, Seen};
+use silt_sim::register;
 
 use crate::net::Net;
 use crate::node::{Disk, Node};
@@ -364,6 +366,7 @@ async fn exercise(
     minutes: f64,
 ) -> anyhow::Result<bool> {
     let agent_urls: Vec<String>;
+    let metadata_addrs: Vec<String>;
     {
         let mut c = lock(cluster);
         let peers: Vec<String> = METADATA
@@ -371,8 +374,7 @@ async fn exercise(
             .enumerate()
             .map(|(i, m)| format!("{}={}:{METADATA_PORT}", i + 1, c.net.ip(m)))
             .collect();
-        let metadata_addrs: Vec<String> =
-            METADATA.iter().map(|m| format!("{}:{METADATA_PORT}", c.net.ip(m))).collect();
+        metadata_addrs = METADATA.iter().map(|m| format!("{}:{METADATA_PORT}", c.net.ip(m))).collect();
         let bucket = dir.join("bucket");
         std::fs::create_dir_all(&bucket)?;
         for (i, m) in METADATA.iter().enumerate() {
@@ -427,7 +429,7 @@ async fn exercise(
     if !lock(cluster).nodes.values().any(Node::has_slow_disk) {
         println!("silt-faults: no libsilt_slow_fsync.so beside silt (cargo build -p silt-slow-fsync): no slow disks");
     }
-    let clients = Arc::new(Clients::new(&agent_urls)?);
+    let clients = Arc::new(Clients::new(&agent_urls, metadata_addrs)?);
     clients.create_topic(cluster).await?;
     println!("silt-faults: cluster up, topic created; faults for {minutes} minutes");
 
@@ -443,6 +445,11 @@ async fn exercise(
     for _ in 0..READERS {
         let (clients, seed) = (Arc::clone(&clients), rng.random());
         tasks.push(tokio::spawn(async move { clients.read(seed, phase_end).await }));
+    }
+    let mut apart = StdRng::seed_from_u64(seed ^ 0x3E61_57E2);
+    for client in 0..register::CLIENTS {
+        let (clients, seed) = (Arc::clone(&clients), apart.random());
+        tasks.push(tokio::spawn(async move { clients.register(client, seed, phase_end).await }));
     }
     // Two fault loops: up to two faults at once.
     let mut fault_tasks = Vec::new();
@@ -498,7 +505,7 @@ async fn exercise(
         text.push_str(&format!("{e}\n"));
     }
     std::fs::write(dir.join("history.txt"), text)?;
-    let (mut produced, mut acked, mut reads) = (0, 0, 0);
+    let (mut produced, mut acked, mut reads, mut register) = (0, 0, 0, 0);
     for e in &history.events {
         match &e.op {
             Op::Produce { result, .. } => {
@@ -506,12 +513,13 @@ async fn exercise(
                 acked += usize::from(result.is_ok());
             }
             Op::Read { .. } => reads += 1,
+            Op::RegisterWrite { .. } | Op::RegisterRead { .. } => register += 1,
             _ => {}
         }
     }
     let faults = lock(&faults_log).len();
     println!(
-        "silt-faults: {produced} produces ({acked} acknowledged), {reads} reads, {faults} fault events; history in {}",
+        "silt-faults: {produced} produces ({acked} acknowledged), {reads} reads, {register} operations on the register in metadata, {faults} fault events; history in {}",
         dir.join("history.txt").display()
     );
     let verdict = match exited.is_empty() {
@@ -564,6 +572,8 @@ async fn faults(
 /// The clients: producers and readers through random agents, each operation recorded.
 struct Clients {
     agents: Vec<(String, Client)>,
+    /// The metadata nodes' addresses (`host:port`).
+    metadata: Vec<String>,
     started: Instant,
     history: Mutex<History>,
     /// The highest offset acknowledged per partition, for readers to aim at.
@@ -571,7 +581,7 @@ struct Clients {
 }
 
 impl Clients {
-    fn new(urls: &[String]) -> anyhow::Result<Clients> {
+    fn new(urls: &[String], metadata: Vec<String>) -> anyhow::Result<Clients> {
         let agents = AGENTS
             .iter()
             .zip(urls)
@@ -579,6 +589,7 @@ impl Clients {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Clients {
             agents,
+            metadata,
             started: Instant::now(),
             history: Mutex::default(),
             acked_end: Mutex::default(),
@@ -618,6 +629,65 @@ impl Clients {
         let logs: Vec<String> =
             c.nodes.values().map(|n| format!("--- {}:\n{}", n.name, n.log_tail(20))).collect();
         bail!("the cluster did not take the topic within 60 s: {last}\n{}", logs.join("\n"))
+    }
+
+    /// Writes unique values to the register and reads it (linearizable reads of the whole
+    /// state) through a client of the metadata cluster of its own, until `phase_end`. The
+    /// first client creates the register's topic through the agents; the others wait until a
+    /// read finds it.
+    async fn register(self: Arc<Clients>, client: u64, seed: u64, phase_end: Ms) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let options = MetadataClientOptions { timeout: REQUEST_TIMEOUT, ..MetadataClientOptions::default() };
+        let metadata = match MetadataClient::with_options(self.metadata.clone(), options) {
+            Ok(metadata) => metadata,
+            Err(e) => {
+                let start = self.now();
+                self.record(start, Op::RegisterRead { via: "metadata".into(), result: Err(e.to_string()) });
+                return;
+            }
+        };
+        loop {
+            let exists = if client == 0 {
+                let (_, agent) = self.pick(&mut rng);
+                let config = register::topic_config();
+                match agent.create_topic(register::TOPIC, 1, &config).await {
+                    Ok(_) => true,
+                    Err(silt::client::ClientError::Api { code, .. }) => code == "topic_exists",
+                    Err(_) => false,
+                }
+            } else {
+                metadata.read_state().await.is_ok_and(|r| r.state.topics.contains_key(register::TOPIC))
+            };
+            if exists {
+                break;
+            }
+            if self.now() >= phase_end {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut written = 0;
+        while self.now() < phase_end {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(10..300))).await;
+            let start = self.now();
+            if rng.random_bool(0.5) {
+                written += 1;
+                let value = register::value(client, written);
+                let command = register::write(value);
+                let result = match metadata.write(command).await {
+                    Ok(_) => Ok(()),
+                    // It may have been committed: no answer, or one that says so.
+                    Err(MetadataError::Unavailable(e)) => Err(e),
+                    // Refused: it took no effect.
+                    Err(_) => continue,
+                };
+                self.record(start, Op::RegisterWrite { via: "metadata".into(), value, result });
+            } else {
+                let result =
+                    metadata.read_state().await.map(|r| register::read(&r.state)).map_err(|e| e.to_string());
+                self.record(start, Op::RegisterRead { via: "metadata".into(), result });
+            }
+        }
     }
 
     async fn produce(self: Arc<Clients>, producer: usize, seed: u64, phase_end: Ms) {
