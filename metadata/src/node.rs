@@ -377,14 +377,19 @@ impl MetadataNode {
     }
 
     /// Proposes `cmd` on this node, for the HTTP API: like [`write`](Self::write), but says
-    /// whether a failed proposal can have taken effect. `NotLeader` is certain: openraft
-    /// answers it only for entries it never appended or cut from the log, and a committed entry
-    /// is never cut.
+    /// whether a failed proposal can have taken effect. openraft answers that this node does
+    /// not lead for an entry it never appended, and for one it appended and then cut from its
+    /// log for a newer leader's: that entry may still be committed by a later leader elected
+    /// with a follower that holds it (with five nodes or more, a newer leader can be elected
+    /// without any node that holds it). So `NotLeader` (certainly nothing took effect) is
+    /// answered only when this node did not lead as the proposal was made; otherwise the
+    /// outcome is `Unknown`.
     pub(crate) async fn propose(&self, mut cmd: Command, timeout: Duration) -> Result<Response, LeaderError> {
         if let Some(why) = cmd.refused_at_proposal() {
             return Ok(Response::Error { error: MetadataError::InvalidArgument(why) });
         }
         cmd.stamp_clock(self.lease_clock_ms());
+        let leading = self.raft.metrics().borrow().state == ServerState::Leader;
         match tokio::time::timeout(timeout, self.raft.client_write(cmd)).await {
             Err(_) => Err(LeaderError::Unknown(format!(
                 "the write was proposed by metadata node {} but not committed within {} ms (no quorum? {}); \
@@ -394,7 +399,14 @@ impl MetadataNode {
                 quorum_phrase(self.voter_count())
             ))),
             Ok(Ok(reply)) => Ok(reply.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(LeaderError::NotLeader),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) if !leading => {
+                Err(LeaderError::NotLeader)
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(LeaderError::Unknown(format!(
+                "metadata node {} lost its leadership while the write was under way; another node may hold it \
+                 and commit it once it leads: check before retrying it",
+                self.node_id
+            ))),
             Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
                 Err(LeaderError::Invalid(format!("metadata membership change refused: {e}")))
             }

@@ -10,9 +10,10 @@
 //! - no usable leader (an election, no quorum): wait and look again.
 //!
 //! A write is only retried inside the loop while nothing can have taken effect: this node was
-//! not the leader (or its entry was cut from the log, which openraft reports the same way), the
-//! leader could not be connected to, or the leader said `not_applied`. A write that was proposed
-//! or sent and got no answer in time fails with outcome `unknown`, never retried, so it is never
+//! not the leader when it proposed it, the leader could not be connected to, or the leader said
+//! `not_applied`. A write that was proposed or sent and got no answer in time, or whose entry
+//! was cut from this node's log when it lost its leadership (a follower may still hold it and
+//! commit it once it leads), fails with outcome `unknown`, never retried, so it is never
 //! applied twice by this server. At the deadline the answer is 503 with the reason, e.g. "no
 //! metadata leader: cannot reach a quorum of 3 nodes".
 

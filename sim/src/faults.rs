@@ -295,7 +295,7 @@ impl Schedule {
                         events.push((end, Fault::MendRaftLinks));
                     }
                     _ => {
-                        // Rarer than the others: once in a few runs.
+                        // Rarer than the others: about one run in five.
                         if apart.random_bool(0.5) {
                             events.push((at, Fault::PowerLossEverywhere));
                             events.push((end, Fault::RestartEverything));
@@ -448,7 +448,7 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
 }
 
 /// What heals every fault still in effect at the end of the fault phase: links (to metadata
-/// too) mended,
+/// and between metadata nodes too) mended, metadata nodes that are down started again,
 /// crashed agents started again, and agents that distrust a directory after a failed fsync
 /// restarted (as an operator does when told so). Injected disk errors not yet used up stay;
 /// they are few.

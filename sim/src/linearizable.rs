@@ -33,8 +33,8 @@ const STATES_MAX: usize = 5_000_000;
 /// Why a history is not linearizable, or could not be judged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotLinearizable {
-    /// No order fits; `op` is the earliest operation (by start) that none of the orders
-    /// explored could place.
+    /// No order fits; `op` is the earliest operation (by start) that the order which got
+    /// furthest could not place: where to look first, not necessarily the culprit.
     Violated { op: RegisterOp },
     /// The search explored [`STATES_MAX`] states without an answer.
     TooLarge,

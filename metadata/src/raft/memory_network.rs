@@ -39,6 +39,9 @@ pub enum RaftLink {
     RepliesLost,
     /// RPCs and their answers each take this much longer.
     Slow(Duration),
+    /// Votes and their answers arrive; appends and snapshots never do (a network that drops
+    /// large packets).
+    VotesOnly,
 }
 
 /// The nodes of one in-process metadata cluster that run, and the links between them.
@@ -96,11 +99,12 @@ impl RaftRouter {
         lock(&self.links).get(&(from, to)).copied().unwrap_or(RaftLink::Up)
     }
 
-    /// Runs `rpc` on node `to`'s runtime as sent by `from`, within `ttl`.
+    /// Runs `rpc` (a vote when `vote`) on node `to`'s runtime as sent by `from`, within `ttl`.
     async fn call<R, E, F, Fut>(
         &self,
         from: NodeId,
         to: NodeId,
+        vote: bool,
         ttl: Duration,
         rpc: F,
     ) -> Result<R, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -113,12 +117,16 @@ impl RaftRouter {
         let deadline = tokio::time::Instant::now() + ttl;
         let lost = |why| Lost { target: to, why };
         match self.link(from, to) {
+            RaftLink::VotesOnly if !vote => {
+                tokio::time::sleep_until(deadline).await;
+                return Err(RPCError::Network(NetworkError::new(&lost("never got it (only votes pass)"))));
+            }
             RaftLink::Cut => {
                 tokio::time::sleep(CUT_CONNECT.min(ttl)).await;
                 return Err(RPCError::Unreachable(Unreachable::new(&lost("is unreachable (link cut)"))));
             }
             RaftLink::Slow(by) => tokio::time::sleep(by).await,
-            RaftLink::Up | RaftLink::RepliesLost => {}
+            RaftLink::Up | RaftLink::RepliesLost | RaftLink::VotesOnly => {}
         }
         let Some((raft, runtime)) = lock(&self.nodes).get(&to).cloned() else {
             return Err(RPCError::Unreachable(Unreachable::new(&lost("is down"))));
@@ -135,7 +143,7 @@ impl RaftRouter {
                 return Err(RPCError::Network(NetworkError::new(&lost("answered, but the answer was lost"))));
             }
             RaftLink::Slow(by) => tokio::time::sleep(by).await,
-            RaftLink::Up => {}
+            RaftLink::Up | RaftLink::VotesOnly => {}
         }
         if tokio::time::Instant::now() > deadline {
             return Err(RPCError::Network(NetworkError::new(&lost("did not answer in time"))));
@@ -180,12 +188,9 @@ impl RaftNetwork<TypeConfig> for MemoryRaftPeer {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.router
-            .call(
-                self.from,
-                self.target,
-                option.hard_ttl(),
-                |raft| async move { raft.append_entries(rpc).await },
-            )
+            .call(self.from, self.target, false, option.hard_ttl(), |raft| async move {
+                raft.append_entries(rpc).await
+            })
             .await
     }
 
@@ -198,7 +203,7 @@ impl RaftNetwork<TypeConfig> for MemoryRaftPeer {
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         self.router
-            .call(self.from, self.target, option.hard_ttl(), |raft| async move {
+            .call(self.from, self.target, false, option.hard_ttl(), |raft| async move {
                 raft.install_snapshot(rpc).await
             })
             .await
@@ -210,7 +215,134 @@ impl RaftNetwork<TypeConfig> for MemoryRaftPeer {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         self.router
-            .call(self.from, self.target, option.hard_ttl(), |raft| async move { raft.vote(rpc).await })
+            .call(self.from, self.target, true, option.hard_ttl(), |raft| async move { raft.vote(rpc).await })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+    use crate::node::LeaderError;
+    use crate::{Command, MetadataNode, MetadataNodeOptions};
+
+    async fn open(
+        dir: &std::path::Path,
+        router: &Arc<RaftRouter>,
+        ids: &[NodeId],
+    ) -> BTreeMap<NodeId, MetadataNode> {
+        let members: BTreeMap<NodeId, String> =
+            ids.iter().map(|id| (*id, format!("memory://{id}"))).collect();
+        let mut nodes = BTreeMap::new();
+        for id in ids {
+            let network = MemoryRaftNetwork::new(*id, Arc::clone(router));
+            let node = MetadataNode::open_cluster_over(
+                &dir.join(id.to_string()),
+                *id,
+                Some(members.clone()),
+                MetadataNodeOptions::default(),
+                network,
+            )
+            .await
+            .unwrap();
+            router.register(*id, node.raft().clone(), Handle::current());
+            nodes.insert(*id, node);
+        }
+        nodes
+    }
+
+    async fn leader_among(nodes: &BTreeMap<NodeId, MetadataNode>, among: &BTreeSet<NodeId>) -> NodeId {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            for id in among {
+                let m = nodes[id].raft().metrics().borrow().clone();
+                if m.state == openraft::ServerState::Leader && m.current_leader == Some(*id) {
+                    return *id;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "none of {among:?} became the leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn last_log_index(node: &MetadataNode) -> Option<u64> {
+        node.raft().metrics().borrow().last_log_index
+    }
+
+    /// A leader of five whose write reached one follower only, then whose log lost it to a
+    /// newer leader's entry, answers that it no longer leads; but the follower still holds the
+    /// write, and a later leader elected with it commits it. So that answer cannot say that
+    /// nothing took effect (a client would send the write again and have it applied twice).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_cut_from_a_deposed_leaders_log_may_still_be_applied_so_its_outcome_is_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = RaftRouter::new();
+        let ids = [1, 2, 3, 4, 5];
+        let nodes = open(dir.path(), &router, &ids).await;
+        let a = leader_among(&nodes, &ids.into_iter().collect()).await;
+        let b = ids.into_iter().find(|id| *id != a).unwrap();
+        let rest: BTreeSet<NodeId> = ids.into_iter().filter(|id| *id != a && *id != b).collect();
+        // The rest hear only each other's votes: they elect a leader X whose entries reach none
+        // of them, nor A, nor B. A reaches B only.
+        for x in &rest {
+            for y in ids.iter().filter(|y| *y != x) {
+                let link = if rest.contains(y) { RaftLink::VotesOnly } else { RaftLink::Cut };
+                router.set_link(*x, *y, link);
+            }
+            router.set_link(a, *x, RaftLink::Cut);
+            router.set_link(b, *x, RaftLink::Cut);
+        }
+        let x = leader_among(&nodes, &rest).await;
+
+        // A's write reaches B, and no one else: it is not committed.
+        let before = last_log_index(&nodes[&a]);
+        let proposer = nodes[&a].clone();
+        let write = tokio::spawn(async move {
+            let cmd = Command::CreateTopic {
+                name: "once".into(),
+                partitions: 1,
+                config: BTreeMap::new(),
+                now_ms: 1,
+            };
+            proposer.propose(cmd, Duration::from_secs(20)).await
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while last_log_index(&nodes[&b]) <= before || last_log_index(&nodes[&b]) != last_log_index(&nodes[&a])
+        {
+            assert!(tokio::time::Instant::now() < deadline, "the write did not reach B");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Then A is cut off from B and hears from X, whose entry replaces the write in A's log.
+        router.set_link(a, b, RaftLink::Cut);
+        router.set_link(b, a, RaftLink::Cut);
+        router.set_link(x, a, RaftLink::Up);
+        let answered = tokio::time::timeout(Duration::from_secs(20), write).await.unwrap().unwrap();
+        assert!(
+            matches!(answered, Err(LeaderError::Unknown(_))),
+            "the write was answered {answered:?}, as if it could not have taken effect"
+        );
+
+        // X goes; B and the other two elect B, whose log holds the write, and commit it.
+        router.unregister(x);
+        nodes[&x].shutdown().await;
+        for y in rest.iter().filter(|y| **y != x) {
+            router.set_link(*y, b, RaftLink::Up);
+            router.set_link(b, *y, RaftLink::Up);
+            for z in rest.iter().filter(|z| *z != y && **z != x) {
+                router.set_link(*y, *z, RaftLink::Up);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !nodes[&b].read_local(|s| s.topics.contains_key("once")) {
+            assert!(tokio::time::Instant::now() < deadline, "B never applied the write");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for (id, node) in &nodes {
+            if *id != x {
+                node.shutdown().await;
+            }
+        }
     }
 }
