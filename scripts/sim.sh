@@ -5,7 +5,7 @@
 #
 #   scripts/sim.sh HOURS [FIRST_SEED]      e.g. scripts/sim.sh 6, scripts/sim.sh 0.1 50000
 #
-# $SILT_SIM_OPTIONS adds silt-sim's options (e.g. "--archive --groups"); the log of every round
+# $SILT_SIM_OPTIONS adds silt-sim's options (e.g. "--archive --groups", "--metadata-nodes 3"); the log of every round
 # goes to $SILT_SIM_LOG (default target/sim-<first seed>.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."

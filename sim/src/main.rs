@@ -1,5 +1,6 @@
-//! `silt-sim`: the whole Silt cluster in one deterministic process (a metadata node and three
-//! agents, each a simulated host with its own runtime and disk), run under a fault schedule
+//! `silt-sim`: the whole Silt cluster in one deterministic process (a metadata node, or a Raft
+//! cluster of three or five, and three agents, each a simulated host with its own runtime and
+//! disk), run under a fault schedule
 //! drawn from a seed, with a checker over everything its clients saw. The same seed gives the
 //! same run, byte for byte: time is simulated (turmoil), the process's randomness and clocks
 //! come from the seed (`overrides`), blocking work runs inline, and each seed runs in a process
@@ -29,10 +30,11 @@ use silt_sim::history::{History, Ms};
 ///
 /// Every seed draws a fault schedule (crashes with power loss, torn writes, one-way and
 /// two-way link cuts, lost replies, isolated agents, fsync and write errors, clock steps;
-/// errors from the bucket with --archive),
-/// runs a workload of producers and readers through it, heals every fault, reads every
-/// partition to its end and checks the history: no acknowledged message lost, no offset with
-/// two messages, no read of anything later undone, no high watermark going back.
+/// errors from the bucket with --archive; metadata nodes killed or cut off with
+/// --metadata-nodes 3), runs a workload of producers and readers through it, heals every
+/// fault, reads every partition to its end and checks the history: no acknowledged message
+/// lost, no offset with two messages, no read of anything later undone, no high watermark
+/// going back (and, with --metadata-nodes 3, metadata's reads and writes linearizable).
 #[derive(Debug, Parser)]
 #[command(name = "silt-sim", version)]
 struct Args {
