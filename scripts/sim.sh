@@ -5,8 +5,8 @@
 #
 #   scripts/sim.sh HOURS [FIRST_SEED]      e.g. scripts/sim.sh 6, scripts/sim.sh 0.1 50000
 #
-# $SILT_SIM_OPTIONS adds silt-sim's options (e.g. "--archive --groups", "--metadata-nodes 3"); the log of every round
-# goes to $SILT_SIM_LOG (default target/sim-<first seed>.log).
+# $SILT_SIM_OPTIONS adds silt-sim's options (e.g. "--archive --groups", "--metadata-nodes 3"); the
+# log of every round goes to $SILT_SIM_LOG (default target/sim-<first seed>.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,10 +22,17 @@ cargo build --release --locked -p silt-sim
 sim="$CARGO_TARGET_DIR/release/silt-sim"
 jobs=$(nproc)
 read -r -a options <<<"${SILT_SIM_OPTIONS:-}"
-for option in "${options[@]}"; do
-  case $option in
-    --archive | --groups | --disk-loss | --recreate) ;;
-    *) echo "sim.sh: SILT_SIM_OPTIONS may hold --archive, --groups, --disk-loss and --recreate, not '$option'" >&2; exit 2 ;;
+for ((i = 0; i < ${#options[@]}; i++)); do
+  case ${options[i]} in
+    --archive | --groups | --disk-loss | --recreate | --metadata-nodes=[135]) ;;
+    --metadata-nodes)
+      i=$((i + 1))
+      [[ ${options[i]:-} =~ ^[135]$ ]] || { echo "sim.sh: --metadata-nodes takes 1, 3 or 5, not '${options[i]:-}'" >&2; exit 2; }
+      ;;
+    *)
+      echo "sim.sh: SILT_SIM_OPTIONS may hold --archive, --groups, --disk-loss, --recreate and --metadata-nodes N, not '${options[i]}'" >&2
+      exit 2
+      ;;
   esac
 done
 log=${SILT_SIM_LOG:-target/sim-$first.log}

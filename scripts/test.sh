@@ -61,8 +61,8 @@ echo "== simulation with the archive: seeds 0..${SILT_SIM_ARCHIVE_SEEDS:-30}"
 "$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_ARCHIVE_SEEDS:-30}" --archive -j "$(nproc)" || status=$?
 echo "== simulation with the archive and the topic deleted and created again: seeds 0..${SILT_SIM_ARCHIVE_SEEDS:-30}"
 "$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_ARCHIVE_SEEDS:-30}" --archive --recreate -j "$(nproc)" || status=$?
-echo "== simulation with three metadata nodes under faults of their own: seeds 0..${SILT_SIM_METADATA_SEEDS:-30}"
-"$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_METADATA_SEEDS:-30}" --metadata-nodes 3 -j "$(nproc)" || status=$?
+echo "== simulation with three metadata nodes under faults of their own, agents paused: seeds 0..${SILT_SIM_METADATA_SEEDS:-60}"
+"$CARGO_TARGET_DIR/debug/silt-sim" --seeds "0..${SILT_SIM_METADATA_SEEDS:-60}" --metadata-nodes 3 -j "$(nproc)" || status=$?
 # A short schedule of real processes under real faults (docs/reliability.md); scripts/faults.sh
 # MINUTES runs it longer.
 if [[ $(id -u) -eq 0 ]]; then

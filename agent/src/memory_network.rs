@@ -9,9 +9,12 @@
 //! connection), lose its replies (the request is applied; the sender hears nothing, at once
 //! rather than after the timeout), or delay each request and each answer by its own random time
 //! up to a bound (so that requests overtake each other, and one that arrives too late for the
-//! sender's timeout never runs), in one direction at a time.
+//! sender's timeout never runs), in one direction at a time. It can also pause an agent
+//! ([`MemoryNetwork::pause`]): everything it sends or is sent, and every answer to or from it,
+//! waits until the pause ends (or the sender's timeout runs out), as a process stopped by
+//! SIGSTOP or a long garbage collection looks to the others.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -58,6 +61,8 @@ pub struct MemoryNetwork {
     jitter: std::sync::Mutex<u64>,
     /// When the last message over each slow link, one way, arrives.
     arrivals: std::sync::Mutex<HashMap<(String, String), tokio::time::Instant>>,
+    /// The agents paused now.
+    paused: tokio::sync::watch::Sender<BTreeSet<String>>,
 }
 
 impl MemoryNetwork {
@@ -102,6 +107,28 @@ impl MemoryNetwork {
             self.set_link(agent, &other, link);
             self.set_link(&other, agent, link);
         }
+    }
+
+    /// Pauses `agent` (or ends its pause): until it ends, every request it sends or is sent,
+    /// and every answer to or from it, waits (within the sender's timeout), then goes on in
+    /// the order it came. Its own tasks still run meanwhile: this pauses what it says and
+    /// hears, not its timers.
+    pub fn pause(&self, agent: &str, paused: bool) {
+        self.paused.send_modify(|p| {
+            if paused {
+                p.insert(agent.to_string());
+            } else {
+                p.remove(agent);
+            }
+        });
+    }
+
+    /// Waits until neither of `agents` is paused; false if `deadline` came first.
+    pub async fn unpaused(&self, agents: [&str; 2], deadline: tokio::time::Instant) -> bool {
+        let mut paused = self.paused.subscribe();
+        let running = |p: &BTreeSet<String>| agents.iter().all(|a| !p.contains(*a));
+        let resumed = tokio::time::timeout_at(deadline, paused.wait_for(running)).await;
+        matches!(resumed, Ok(Ok(_)))
     }
 
     /// How long one message from `from` to `to` over `link` takes: up to the bound of a delayed
@@ -186,6 +213,10 @@ impl MemoryPeers {
                 return Err(lost(&format!("no answer within {timeout:?}")));
             }
         }
+        if !self.net.unpaused([&self.me, to], deadline).await {
+            self.reach.reached(to, false);
+            return Err(lost(&format!("no answer within {timeout:?}")));
+        }
         let Some((agent, runtime)) = self.net.agent(to).filter(|_| link != Link::Cut) else {
             self.reach.reached(to, false);
             return Err(lost("unreachable"));
@@ -224,6 +255,10 @@ impl MemoryPeers {
             }
             tokio::time::sleep(back).await;
         }
+        if !self.net.unpaused([&self.me, to], deadline).await {
+            self.reach.reached(to, false);
+            return Err(lost(&format!("no answer within {timeout:?}")));
+        }
         self.reach.reached(to, true);
         answer
     }
@@ -254,7 +289,9 @@ impl Peer for MemoryPeers {
 
     async fn probe(&self, (to, _): (&str, &str)) -> bool {
         let link = self.net.link(&self.me, to);
-        let answered = !matches!(link, Link::Cut | Link::RepliesLost) && self.net.agent(to).is_some();
+        let paused = self.net.paused.borrow().iter().any(|p| *p == self.me || p == to);
+        let answered =
+            !matches!(link, Link::Cut | Link::RepliesLost) && !paused && self.net.agent(to).is_some();
         if answered {
             self.reach.reached(to, true);
         }

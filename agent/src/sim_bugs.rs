@@ -32,11 +32,16 @@ pub enum Bug {
     /// is, without asking the leader: a write another agent made before the read started may
     /// be missing (caught with `--metadata-nodes 3`, by the check of the register).
     StaleMetadataRead,
+    /// A metadata node's Raft log acknowledges appends of commands (not of membership
+    /// changes), and records how far it is committed, without fsyncing either: a power loss
+    /// of metadata nodes takes back entries a quorum counted as held (caught with
+    /// `--metadata-nodes 3`, whose faults include such power losses).
+    RaftAckBeforeFsync,
 }
 
 impl Bug {
     /// Every defect, with the name `--bug` takes.
-    pub const ALL: [(Bug, &'static str); 7] = [
+    pub const ALL: [(Bug, &'static str); 8] = [
         (Bug::AckBeforeQuorum, "ack-before-quorum"),
         (Bug::SkipFence, "skip-fence"),
         (Bug::TrimWithoutEpochCheck, "trim-without-epoch-check"),
@@ -44,6 +49,7 @@ impl Bug {
         (Bug::ServePastWatermark, "serve-past-watermark"),
         (Bug::CheckpointInFlight, "checkpoint-in-flight"),
         (Bug::StaleMetadataRead, "stale-metadata-read"),
+        (Bug::RaftAckBeforeFsync, "raft-ack-before-fsync"),
     ];
 
     /// The defect `--bug` names `name`.
@@ -62,8 +68,10 @@ static ON: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 /// Turns `bug` on for the rest of the process.
 #[cfg(feature = "sim-bugs")]
 pub fn enable(bug: Bug) {
-    if bug == Bug::StaleMetadataRead {
-        silt_metadata::sim_bugs::enable_stale_reads();
+    match bug {
+        Bug::StaleMetadataRead => silt_metadata::sim_bugs::enable_stale_reads(),
+        Bug::RaftAckBeforeFsync => silt_metadata::sim_bugs::enable_unsynced_log(),
+        _ => {}
     }
     ON.fetch_or(bug.bit(), std::sync::atomic::Ordering::SeqCst);
 }

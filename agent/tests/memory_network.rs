@@ -261,6 +261,20 @@ async fn check_after_losing_the_writer(cluster: &Cluster, acked: &HashMap<u64, u
     after
 }
 
+/// A cluster whose agents reach metadata over links of their own, the topic created and ten
+/// messages acknowledged by its writer: the cluster, the writer, and the acknowledged messages
+/// by offset.
+async fn linked_cluster_with_ten_acknowledged() -> (Cluster, String, HashMap<u64, usize>) {
+    let cluster = Cluster::start_with(true).await;
+    create_topic(&cluster).await;
+    let (writer, _) = cluster.ensemble().await;
+    let mut acked = HashMap::new();
+    for i in 0..10 {
+        acked.insert(produce_acked(cluster.agent(&writer), i).await, i);
+    }
+    (cluster, writer, acked)
+}
+
 async fn create_topic(cluster: &Cluster) {
     cluster.agents[0].create_topic(TOPIC, 1, BTreeMap::new()).await.expect("create topic");
 }
@@ -380,13 +394,7 @@ async fn delayed_and_overtaking_messages_keep_every_acknowledged_message_at_one_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_its_lease_may_have_lapsed() {
-    let cluster = Cluster::start_with(true).await;
-    create_topic(&cluster).await;
-    let (old, _) = cluster.ensemble().await;
-    let mut acked = HashMap::new();
-    for i in 0..10 {
-        acked.insert(produce_acked(cluster.agent(&old), i).await, i);
-    }
+    let (cluster, old, mut acked) = linked_cluster_with_ten_acknowledged().await;
     // The writer still reaches the other agents, but not metadata: its lease lapses there and
     // another agent takes the partition over, while the old writer's copy still names it.
     cluster.metadata_links[&old].set(LinkState::Cut);
@@ -406,6 +414,37 @@ async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_i
         acked.insert(offset(&ids[0]), 20);
     }
     cluster.metadata_links[&old].set(LinkState::Up);
+    check(&read_all(cluster.agent(&new)).await, &acked);
+    cluster.stop().await;
+}
+
+/// A writer paused longer than its lease (SIGSTOP, a long garbage collection) is replaced
+/// meanwhile. What it took just before the pause and sends on when it resumes is fenced off
+/// or acknowledged at an offset it holds for good; it never gives a stale end of the
+/// partition; every acknowledged message stays at its offset on the new writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_paused_longer_than_its_lease_is_replaced_and_what_it_sends_on_resuming_is_fenced_off() {
+    let (cluster, old, mut acked) = linked_cluster_with_ten_acknowledged().await;
+    cluster.net.pause(&old, true);
+    cluster.metadata_links[&old].pause(true);
+    // A produce that reached it as the pause began: its appends wait with everything else.
+    let in_flight = tokio::spawn({
+        let agent = cluster.agent(&old).clone();
+        async move { agent.produce(TOPIC, vec![message(10)]).await }
+    });
+    let new = writer_other_than(&cluster, &old).await;
+    let mut last = 0;
+    for i in 11..20 {
+        let offset = produce_acked(cluster.agent(&new), i).await;
+        acked.insert(offset, i);
+        last = last.max(offset);
+    }
+    cluster.net.pause(&old, false);
+    cluster.metadata_links[&old].pause(false);
+    if let Ok(ids) = in_flight.await.expect("the produce task") {
+        acked.insert(offset(&ids[0]), 10);
+    }
+    assert_no_stale_end(cluster.agent(&old), last).await;
     check(&read_all(cluster.agent(&new)).await, &acked);
     cluster.stop().await;
 }

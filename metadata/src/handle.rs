@@ -567,12 +567,32 @@ pub const SLOW_CALL: Duration = Duration::from_millis(250);
 pub struct MetadataLink {
     state: AtomicU8,
     timeout: Duration,
+    /// Whether the process at this end is paused ([`MetadataLink::pause`]).
+    paused: tokio::sync::watch::Sender<bool>,
 }
 
 impl MetadataLink {
     /// A link that is up, whose failed calls take `timeout`.
     pub fn new(timeout: Duration) -> Arc<MetadataLink> {
-        Arc::new(MetadataLink { state: AtomicU8::new(LinkState::Up as u8), timeout })
+        Arc::new(MetadataLink {
+            state: AtomicU8::new(LinkState::Up as u8),
+            timeout,
+            paused: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// Pauses the process at this end (or ends its pause): until it ends, its calls leave and
+    /// their answers reach it no sooner, within each call's timeout, as with a process
+    /// stopped by SIGSTOP. Its tasks still run meanwhile.
+    pub fn pause(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    /// Waits until the process at this end is not paused; false if `deadline` came first.
+    async fn unpaused(&self, deadline: tokio::time::Instant) -> bool {
+        let mut paused = self.paused.subscribe();
+        let resumed = tokio::time::timeout_at(deadline, paused.wait_for(|p| !*p)).await;
+        matches!(resumed, Ok(Ok(_)))
     }
 
     /// From now on, calls fare as `state` says.
@@ -610,6 +630,9 @@ impl MetadataLink {
             (LinkState::Slow, _) => tokio::time::sleep(SLOW_CALL / 2).await,
             _ => {}
         }
+        if !self.unpaused(deadline).await {
+            return Err(self.lost());
+        }
         Ok(deadline)
     }
 
@@ -621,6 +644,9 @@ impl MetadataLink {
         read: bool,
         deadline: tokio::time::Instant,
     ) -> Result<T, MetadataError> {
+        if !self.unpaused(deadline).await {
+            return Err(self.lost());
+        }
         let carried = match self.state() {
             LinkState::Up => true,
             LinkState::Slow => {

@@ -11,6 +11,10 @@
 //!   high watermark at or above the acknowledged offset.
 //! - `out-of-order`: a read returns offsets in increasing order, from where it was asked to
 //!   start, below the high watermark it answered with.
+//! - `time-lookup-wrong`: a lookup of the first offset whose timestamp is at least T (where a
+//!   replay from a time starts) answered an offset before which the final log holds no record
+//!   stamped T or later, and whose own record, if it was acknowledged before the lookup
+//!   started, is stamped T or later. (The read from there is judged as every read is.)
 //! - `unrecovered`: once every fault is healed, each partition can be read to its end (a
 //!   partition read only part of the way is judged by the rest first: a message acknowledged
 //!   beyond what it holds is `acked-lost`).
@@ -136,7 +140,7 @@ fn check_deleted_stays_deleted(before: &[&Event], after: &[&Event]) -> Result<()
             Op::Final { partition, log: Some(log), .. } => (*partition, log, "the final log".to_string()),
             _ => continue,
         };
-        for Seen { offset, value } in records {
+        for Seen { offset, value, .. } in records {
             if let Some(acked) = produced.get(value.as_str()) {
                 let was = acked.map_or("its produce failed".to_string(), |o| format!("acknowledged at {o}"));
                 return violation(
@@ -218,7 +222,7 @@ fn check_log(events: &[&Event], deleted: bool) -> Result<(), Violation> {
     for e in events {
         let Op::Read { partition, via, from, result: Ok((records, _next, hwm)) } = &e.op else { continue };
         let mut expected_above = *from;
-        for (i, Seen { offset, value }) in records.iter().enumerate() {
+        for (i, Seen { offset, value, .. }) in records.iter().enumerate() {
             if *offset < expected_above || (i > 0 && *offset == expected_above) || *offset >= *hwm {
                 return violation(
                     "out-of-order",
@@ -274,8 +278,52 @@ fn check_log(events: &[&Event], deleted: bool) -> Result<(), Violation> {
             );
         }
     }
+    if !deleted {
+        check_time_lookups(events, &acked)?;
+    }
     check_groups(events, &final_of)?;
     check_archive(events, &final_of)
+}
+
+/// `time-lookup-wrong` (see the module documentation).
+fn check_time_lookups(events: &[&Event], acked: &BTreeMap<(u32, u64), (&str, u64)>) -> Result<(), Violation> {
+    // Each partition's final log with the records' timestamps (the longest read, as above).
+    let mut finals: BTreeMap<u32, &[Seen]> = BTreeMap::new();
+    for e in events {
+        if let Op::Final { partition, log: Some(log), .. } = &e.op {
+            if finals.get(partition).is_none_or(|f| f.len() <= log.len()) {
+                finals.insert(*partition, log);
+            }
+        }
+    }
+    for e in events {
+        let Op::TimeLookup { partition, via, timestamp_ms: time, result: Ok(answer) } = &e.op else {
+            continue;
+        };
+        let log = finals.get(partition).copied().unwrap_or_default();
+        let lookup = format!("lookup of partition {partition} for time {time} via {via} at {} ms", e.end);
+        if let Some(r) = log.iter().take_while(|r| r.offset < *answer).find(|r| r.timestamp_ms >= *time) {
+            return violation(
+                "time-lookup-wrong",
+                format!(
+                    "{lookup} answered {answer}, but {} at offset {} before it bears {}",
+                    r.value, r.offset, r.timestamp_ms
+                ),
+            );
+        }
+        let Some(r) = log.iter().find(|r| r.offset == *answer) else { continue };
+        let held_then = acked.get(&(*partition, *answer)).is_some_and(|(_, at)| *at < e.start);
+        if held_then && r.timestamp_ms < *time {
+            return violation(
+                "time-lookup-wrong",
+                format!(
+                    "{lookup} answered {answer}, whose record {} (acknowledged before) bears {}",
+                    r.value, r.timestamp_ms
+                ),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The archive's property (see the module documentation).
@@ -290,7 +338,7 @@ fn check_archive<'a>(
             Err(why) => return violation("archive-differs", format!("object {key} cannot be read: {why}")),
         };
         let log = final_of(*partition);
-        for Seen { offset, value } in records {
+        for Seen { offset, value, .. } in records {
             match log.get(offset) {
                 Some(v) if v == value => {}
                 found => {
@@ -444,7 +492,8 @@ mod tests {
     }
 
     fn read(start: u64, from: u64, records: &[(u64, &str)], hwm: u64) -> Event {
-        let records = records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect();
+        let records =
+            records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string(), timestamp_ms: 0 }).collect();
         Event {
             start,
             end: start + 1,
@@ -453,7 +502,8 @@ mod tests {
     }
 
     fn fin(records: &[(u64, &str)]) -> Event {
-        let log = records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect();
+        let log =
+            records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string(), timestamp_ms: 0 }).collect();
         Event { start: 1000, end: 1000, op: Op::Final { partition: 0, log: Some(log), why: String::new() } }
     }
 
@@ -504,7 +554,11 @@ mod tests {
             end: 0,
             op: Op::Final {
                 partition: 0,
-                log: Some(log.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect()),
+                log: Some(
+                    log.iter()
+                        .map(|(o, v)| Seen { offset: *o, value: v.to_string(), timestamp_ms: 0 })
+                        .collect(),
+                ),
                 why: "hwm 1 below the acknowledged 1".into(),
             },
         };
@@ -513,6 +567,37 @@ mod tests {
             Err("acked-lost")
         );
         assert_eq!(verdict(vec![produce(1, "m0", 0), short(&[(0, "m0")])]), Err("unrecovered"));
+    }
+
+    #[test]
+    fn a_lookup_by_time_answers_the_first_offset_stamped_that_late() {
+        // Timestamps out of order (a clock stepped back): 0 -> 100, 1 -> 300, 2 -> 200.
+        let stamped = Seen { offset: 0, value: "m0".into(), timestamp_ms: 100 };
+        let log = vec![
+            stamped.clone(),
+            Seen { offset: 1, value: "m1".into(), timestamp_ms: 300 },
+            Seen { offset: 2, value: "m2".into(), timestamp_ms: 200 },
+        ];
+        let fin = Event {
+            start: 1000,
+            end: 1000,
+            op: Op::Final { partition: 0, log: Some(log), why: String::new() },
+        };
+        let lookup = |start: u64, time: i64, answer: u64| Event {
+            start,
+            end: start + 1,
+            op: Op::TimeLookup { partition: 0, via: "a".into(), timestamp_ms: time, result: Ok(answer) },
+        };
+        let produced = vec![produce(1, "m0", 0), produce(2, "m1", 1), produce(3, "m2", 2)];
+        let judge = |l: Event| verdict([produced.clone(), vec![l, fin.clone()]].concat());
+        assert_eq!(judge(lookup(10, 150, 1)), Ok(()));
+        assert_eq!(judge(lookup(10, 250, 1)), Ok(()));
+        assert_eq!(judge(lookup(10, 50, 0)), Ok(()));
+        assert_eq!(judge(lookup(10, 400, 3)), Ok(()), "nothing that late: the end");
+        assert_eq!(judge(lookup(10, 150, 2)), Err("time-lookup-wrong"), "skips offset 1, stamped 300");
+        assert_eq!(judge(lookup(10, 150, 0)), Err("time-lookup-wrong"), "offset 0 is stamped 100");
+        // An answer whose record came after the lookup began may be the end of the log then.
+        assert_eq!(judge(lookup(0, 150, 0)), Ok(()));
     }
 
     fn poll(start: u64, delivered: &[(u64, &str)]) -> Event {
@@ -607,7 +692,8 @@ mod tests {
     }
 
     fn archived(segment: Option<(u64, u64)>, records: &[(u64, &str)]) -> Event {
-        let records = records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string() }).collect();
+        let records =
+            records.iter().map(|(o, v)| Seen { offset: *o, value: v.to_string(), timestamp_ms: 0 }).collect();
         Event {
             start: 3000,
             end: 3000,
@@ -642,7 +728,7 @@ mod tests {
             op: Op::Archived {
                 key: "k".into(),
                 segment: Some((1, 0, 0)),
-                result: Ok((0, vec![Seen { offset: 0, value: "m0".into() }])),
+                result: Ok((0, vec![Seen { offset: 0, value: "m0".into(), timestamp_ms: 0 }])),
             },
         };
         assert_eq!(with_log(vec![elsewhere]), Err("archive-differs"));

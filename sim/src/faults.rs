@@ -10,7 +10,7 @@ use silt_agent::memory_network::Link;
 use silt_metadata::handle::LinkState;
 use silt_metadata::raft::memory_network::RaftLink;
 
-use crate::world::World;
+use crate::world::{World, LEASE};
 use silt_sim::history::Ms;
 
 /// One fault, or its end.
@@ -45,6 +45,15 @@ pub(crate) enum Fault {
     FsyncErrors { agent: String, count: u32 },
     /// The next `count` writes to the agent's segments fail on a full disk, or stop short.
     WriteErrors { agent: String, short: bool, count: u32 },
+    /// The agent is paused (SIGSTOP, a long garbage collection) or resumed: while it is,
+    /// nothing it sends to other agents or to metadata leaves and nothing sent to it (by them
+    /// or by clients) arrives, nor any answer either way; all of it goes on in order when the
+    /// pause ends, what the sender's timeout has not given up on. Its tasks still run.
+    Pause { agent: String, paused: bool },
+    /// Whichever agent writes `partition` at the time is paused, as [`Fault::Pause`].
+    PauseWriter { partition: u32 },
+    /// Every paused agent is resumed.
+    ResumeAll,
     /// The agent's wall clock jumps by `ms`.
     ClockStep { agent: String, ms: i64 },
     /// Whichever agent writes `partition` at the time is cut off from every other agent.
@@ -61,10 +70,12 @@ pub(crate) enum Fault {
     /// With `--archive`: from now on this share of the calls to the bucket fail (a 503, a 500,
     /// a timeout, a PUT applied whose answer is lost, a slow GET), until the next such event.
     BucketErrors { percent: u32 },
-    /// Metadata node `node`'s process is killed (`kill -9`): what it wrote stays.
-    MetadataKill { node: u64 },
+    /// Metadata node `node`'s process is killed (`kill -9`): what it wrote stays. With
+    /// `power_loss`, its machine loses power instead: its disk keeps only what was fsynced, with
+    /// the first that many bytes written since put down too.
+    MetadataKill { node: u64, power_loss: Option<usize> },
     /// Whichever metadata node leads at the time is killed, as [`Fault::MetadataKill`].
-    MetadataKillLeader,
+    MetadataKillLeader { power_loss: Option<usize> },
     /// Every metadata node that is down starts again.
     MetadataRestartAll,
     /// Raft's messages from one metadata node to another never arrive, lose their answers, or
@@ -76,7 +87,7 @@ pub(crate) enum Fault {
     /// Every link between metadata nodes is mended.
     MendRaftLinks,
     /// The whole cluster loses power at once: every agent (its disks keep only what was
-    /// fsynced) and every metadata node (killed).
+    /// fsynced) and every metadata node (its disk too).
     PowerLossEverywhere,
     /// Every host that is down, agent or metadata node, starts again.
     RestartEverything,
@@ -112,6 +123,10 @@ impl fmt::Display for Fault {
                     if *short { "stop short" } else { "find the disk full" }
                 )
             }
+            Fault::Pause { agent, paused: true } => write!(f, "pause {agent}"),
+            Fault::Pause { agent, paused: false } => write!(f, "resume {agent}"),
+            Fault::PauseWriter { partition } => write!(f, "pause the writer of partition {partition}"),
+            Fault::ResumeAll => write!(f, "resume every paused agent"),
             Fault::ClockStep { agent, ms } => write!(f, "clock of {agent} steps {ms:+} ms"),
             Fault::IsolateWriter { partition } => write!(f, "isolate the writer of partition {partition}"),
             Fault::CrashWriter { partition, torn, wipe: false } => {
@@ -123,8 +138,14 @@ impl fmt::Display for Fault {
             Fault::RestartAll => write!(f, "restart every agent that is down, mend every link"),
             Fault::BucketErrors { percent: 0 } => write!(f, "calls to the bucket succeed again"),
             Fault::BucketErrors { percent } => write!(f, "{percent}% of the calls to the bucket fail"),
-            Fault::MetadataKill { node } => write!(f, "kill -9 metadata node {node}"),
-            Fault::MetadataKillLeader => write!(f, "kill -9 the metadata leader"),
+            Fault::MetadataKill { node, power_loss: None } => write!(f, "kill -9 metadata node {node}"),
+            Fault::MetadataKill { node, power_loss: Some(torn) } => {
+                write!(f, "power loss of metadata node {node} (torn {torn} bytes)")
+            }
+            Fault::MetadataKillLeader { power_loss: None } => write!(f, "kill -9 the metadata leader"),
+            Fault::MetadataKillLeader { power_loss: Some(torn) } => {
+                write!(f, "power loss of the metadata leader (torn {torn} bytes)")
+            }
             Fault::MetadataRestartAll => write!(f, "restart every metadata node that is down"),
             Fault::RaftLink { from, to, link } => write!(f, "raft link metadata {from} -> {to}: {link:?}"),
             Fault::IsolateMetadataLeader => write!(f, "isolate the metadata leader from the other nodes"),
@@ -266,11 +287,13 @@ impl Schedule {
                 match apart.random_range(0..8) {
                     0 => {
                         let node = nodes[apart.random_range(0..nodes.len())];
-                        events.push((at, Fault::MetadataKill { node }));
+                        let power_loss = power_loss(&mut apart);
+                        events.push((at, Fault::MetadataKill { node, power_loss }));
                         events.push((end, Fault::MetadataRestartAll));
                     }
                     1 | 2 => {
-                        events.push((at, Fault::MetadataKillLeader));
+                        let power_loss = power_loss(&mut apart);
+                        events.push((at, Fault::MetadataKillLeader { power_loss }));
                         events.push((end, Fault::MetadataRestartAll));
                     }
                     3 | 4 => {
@@ -304,9 +327,42 @@ impl Schedule {
                 }
             }
         }
+        if world.metadata_nodes.len() > 1 {
+            const LEASE_MS: Ms = LEASE.as_millis() as Ms;
+            // Pauses of agents, most of them longer than a lease, drawn apart too. (With one
+            // metadata node a seed draws what it drew before they existed.)
+            let mut apart = StdRng::seed_from_u64(seed ^ 0x0005_1570);
+            for _ in 0..apart.random_range(0..=3) {
+                let at = apart.random_range(1_000..phase - 1_000);
+                let lasts = if apart.random_bool(0.25) {
+                    apart.random_range(100..LEASE_MS)
+                } else {
+                    apart.random_range(LEASE_MS..=4 * LEASE_MS)
+                };
+                let end = (at + lasts).min(phase);
+                if apart.random_bool(0.5) {
+                    let partition = apart.random_range(0..crate::workload::PARTITIONS);
+                    events.push((at, Fault::PauseWriter { partition }));
+                    events.push((end, Fault::ResumeAll));
+                } else {
+                    let agent = agents[apart.random_range(0..agents.len())].clone();
+                    events.push((at, Fault::Pause { agent: agent.clone(), paused: true }));
+                    events.push((end, Fault::Pause { agent, paused: false }));
+                }
+            }
+        }
         // Stable: events at one time keep the order they were drawn in.
         events.sort_by_key(|(at, _)| *at);
         Schedule { events }
+    }
+}
+
+/// Half of the metadata nodes' crashes are power losses, half of those tear a write.
+fn power_loss(rng: &mut StdRng) -> Option<usize> {
+    match rng.random_range(0..4) {
+        0 | 1 => None,
+        2 => Some(0),
+        _ => Some(rng.random_range(1..200)),
     }
 }
 
@@ -377,6 +433,20 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
             let kind = if *short { FaultKind::ShortWrite } else { FaultKind::NoSpace };
             disk::inject_write_errors(kind, &format!("{agent}/"), 0, *count);
         }
+        Fault::Pause { agent, paused } => {
+            world.net.pause(agent, *paused);
+            world.metadata_links[agent].pause(*paused);
+        }
+        Fault::PauseWriter { partition } => {
+            if let Some(agent) = world.writer_of(*partition) {
+                apply(&Fault::Pause { agent, paused: true }, world, sim)?;
+            }
+        }
+        Fault::ResumeAll => {
+            for agent in &world.agents {
+                apply(&Fault::Pause { agent: agent.clone(), paused: false }, world, sim)?;
+            }
+        }
         Fault::ClockStep { agent, ms } => world.clocks[agent].step(*ms),
         Fault::IsolateWriter { partition } => {
             if let Some(agent) = world.writer_of(*partition) {
@@ -402,16 +472,19 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
                 bucket.faults.set_error_rate(f64::from(*percent) / 100.0);
             }
         }
-        Fault::MetadataKill { node } => {
+        Fault::MetadataKill { node, power_loss } => {
             let host = world.metadata_nodes[node].as_str();
             if sim.is_host_running(host) {
                 world.metadata_down(*node);
                 sim.crash(host);
+                if let Some(torn) = power_loss {
+                    world.lose_power(host, *torn)?;
+                }
             }
         }
-        Fault::MetadataKillLeader => {
+        Fault::MetadataKillLeader { power_loss } => {
             if let Some(node) = world.metadata_leader() {
-                apply(&Fault::MetadataKill { node }, world, sim)?;
+                apply(&Fault::MetadataKill { node, power_loss: *power_loss }, world, sim)?;
             }
         }
         Fault::MetadataRestartAll => {
@@ -436,7 +509,7 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
                 apply(&Fault::Crash { agent: agent.clone(), torn: 0 }, world, sim)?;
             }
             for node in world.metadata_nodes.keys() {
-                apply(&Fault::MetadataKill { node: *node }, world, sim)?;
+                apply(&Fault::MetadataKill { node: *node, power_loss: Some(0) }, world, sim)?;
             }
         }
         Fault::RestartEverything => {
@@ -447,8 +520,8 @@ pub(crate) fn apply(fault: &Fault, world: &World, sim: &mut turmoil::Sim<'_>) ->
     Ok(())
 }
 
-/// What heals every fault still in effect at the end of the fault phase: links (to metadata
-/// and between metadata nodes too) mended, metadata nodes that are down started again,
+/// What heals every fault still in effect at the end of the fault phase: paused agents
+/// resumed, links (to metadata and between metadata nodes too) mended, metadata nodes that are down started again,
 /// crashed agents started again, and agents that distrust a directory after a failed fsync
 /// restarted (as an operator does when told so). Injected disk errors not yet used up stay;
 /// they are few.
@@ -458,6 +531,7 @@ pub(crate) fn heal_all(world: &World) -> Vec<Fault> {
         heal.push(Fault::BucketErrors { percent: 0 });
     }
     for a in &world.agents {
+        heal.push(Fault::Pause { agent: a.clone(), paused: false });
         heal.push(Fault::Isolate { agent: a.clone(), isolated: false });
         if disk::distrusts_any_under(std::path::Path::new(a)) {
             heal.push(Fault::Kill { agent: a.clone() });

@@ -12,6 +12,8 @@ pub type Ms = u64;
 pub struct Seen {
     pub offset: u64,
     pub value: String,
+    /// The record's timestamp, ms since the Unix epoch (the agent's clock when it took it).
+    pub timestamp_ms: i64,
 }
 
 /// One message a poll of a consumer group delivered.
@@ -32,6 +34,10 @@ pub enum Op {
     /// A read of a partition from an offset, through an agent: the records, the next offset
     /// and the high watermark it answered with.
     Read { partition: u32, via: String, from: u64, result: Result<(Vec<Seen>, u64, u64), String> },
+    /// A lookup of the first offset of a partition whose timestamp is at least
+    /// `timestamp_ms`, through an agent (where a replay from a time starts; a read from the
+    /// answer follows it as an [`Op::Read`]).
+    TimeLookup { partition: u32, via: String, timestamp_ms: i64, result: Result<u64, String> },
     /// The whole partition, read once every fault was healed (`None`: it could not be read
     /// to its end in time).
     Final { partition: u32, log: Option<Vec<Seen>>, why: String },
@@ -102,6 +108,10 @@ impl fmt::Display for Event {
                     Ok(())
                 }
                 Err(e) => write!(f, "read p{partition} via {via} from {from} -> failed: {e}"),
+            },
+            Op::TimeLookup { partition, via, timestamp_ms, result } => match result {
+                Ok(offset) => write!(f, "time lookup p{partition} via {via} at {timestamp_ms} -> {offset}"),
+                Err(e) => write!(f, "time lookup p{partition} via {via} at {timestamp_ms} -> failed: {e}"),
             },
             Op::Final { partition, log: Some(log), .. } => {
                 write!(f, "final p{partition} -> {} records", log.len())?;

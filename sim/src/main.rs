@@ -50,7 +50,8 @@ struct Args {
     trace: bool,
     /// Turns on a deliberate defect, to see the checker catch it: ack-before-quorum,
     /// skip-fence, trim-without-epoch-check, reuse-offset-after-crash, serve-past-watermark,
-    /// checkpoint-in-flight (with --groups), stale-metadata-read (with --metadata-nodes 3).
+    /// checkpoint-in-flight (with --groups), stale-metadata-read and raft-ack-before-fsync
+    /// (with --metadata-nodes 3).
     #[arg(long, value_name = "NAME", value_parser = parse_bug)]
     bug: Option<String>,
     /// Also replaces the disk of a writer that lost power (at most one per run). Off by
@@ -79,10 +80,12 @@ struct Args {
     #[arg(long, conflicts_with = "groups")]
     recreate: bool,
     /// How many metadata nodes run: 1 (a cluster of one, as `silt dev`'s) or 3 or 5, one Raft
-    /// cluster over a simulated network, under faults of their own (crashes of any node and of
-    /// the leader, isolated nodes, links between nodes cut, losing their answers or slow, and
-    /// once in a while the whole cluster, agents and metadata, losing power at once). 1 by
-    /// default, so that a seed runs as before it existed.
+    /// cluster over a simulated network, under faults of their own (kill -9 or power loss of
+    /// any node and of the leader, isolated nodes, links between nodes cut, losing their
+    /// answers or slow, and once in a while the whole cluster, agents and metadata, losing
+    /// power at once), with agents paused (SIGSTOP, a long GC: nothing they send or are sent
+    /// moves until they resume), most longer than a lease. 1 by default, so that a seed runs
+    /// as before these existed; the cluster as deployed is 3.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = parse_metadata_nodes)]
     metadata_nodes: u64,
     /// With --seeds: how many seeds run at once.

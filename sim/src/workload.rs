@@ -60,7 +60,13 @@ pub(crate) struct Clients {
     /// Every produce, read and change of configs holds it shared; deleting the topic and
     /// creating it again holds it alone, so that each operation ran on one topic or the other.
     gate: tokio::sync::RwLock<()>,
+    /// Timestamps of the last records reads returned (up to [`SEEN_TIMES`], a ring and where
+    /// it goes on), for replays from a time.
+    seen_times: Mutex<(Vec<i64>, usize)>,
 }
+
+/// How many timestamps of records read [`Clients::seen_times`] keeps.
+const SEEN_TIMES: usize = 256;
 
 /// With `--archive`: the topic's segments roll at 4 KiB (about 70 messages) or after a second,
 /// and agents drop their copies of a segment once it is archived, so that reads of all but
@@ -91,6 +97,7 @@ impl Clients {
             final_end: Mutex::default(),
             recreate,
             gate: tokio::sync::RwLock::new(()),
+            seen_times: Mutex::default(),
         })
     }
 
@@ -170,6 +177,10 @@ impl Clients {
                 }));
             }
         }
+        // Replays from a time, the last client started and drawn apart, so that the others
+        // draw what they drew before it existed.
+        let (clients, apart) = (Arc::clone(&self), seed ^ 0x0071_4E5A);
+        tasks.push(tokio::task::spawn_local(async move { clients.replays(apart, phase_end).await }));
         let watch = self.groups.then(|| {
             let clients = Arc::clone(&self);
             tokio::task::spawn_local(async move { clients.watch_checkpoints().await })
@@ -584,18 +595,80 @@ impl Clients {
             } else {
                 rng.random_range(0..=end)
             };
-            let start = now();
-            let result = self
-                .world
-                .call(&via, move |a| async move {
-                    a.read(TOPIC, partition, from, ReadLimit::new(100, 1 << 20), false).await
-                })
-                .await
-                .map(|(records, next, hwm)| (seen(&records), next, hwm));
-            self.record(start, Op::Read { partition, via, from, result });
+            if let Ok(records) = self.read_from(partition, via, from).await {
+                self.saw_times(&records);
+            }
             drop(gate);
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..100))).await;
         }
+    }
+
+    /// Keeps the timestamps of the last [`SEEN_TIMES`] records read, for replays from a time.
+    fn saw_times(&self, records: &[Seen]) {
+        let mut seen = self.seen_times.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (times, next) = &mut *seen;
+        for r in records {
+            if times.len() < SEEN_TIMES {
+                times.push(r.timestamp_ms);
+            } else {
+                times[*next % SEEN_TIMES] = r.timestamp_ms;
+            }
+            *next += 1;
+        }
+    }
+
+    /// Replays from a time, now and then until `phase_end`.
+    async fn replays(self: Arc<Clients>, seed: u64, phase_end: Ms) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        while now() < phase_end {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
+            let gate = self.gate.read().await;
+            self.replay_from_a_time(&mut rng).await;
+            drop(gate);
+        }
+    }
+
+    /// A replay from a time: the first offset whose timestamp is at least a time some record
+    /// read earlier bears (or a millisecond later), looked up through an agent, then a read
+    /// from there.
+    async fn replay_from_a_time(&self, rng: &mut StdRng) {
+        let time = {
+            let seen = self.seen_times.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let times = &seen.0;
+            if times.is_empty() {
+                return;
+            }
+            times[rng.random_range(0..times.len())] + rng.random_range(0..=1)
+        };
+        let (partition, via) = (rng.random_range(0..PARTITIONS), self.agent(rng));
+        let start = now();
+        let result = self
+            .world
+            .call(&via, move |a| async move { a.offset_for_time(TOPIC, partition, time, false).await })
+            .await;
+        self.record(
+            start,
+            Op::TimeLookup { partition, via: via.clone(), timestamp_ms: time, result: result.clone() },
+        );
+        if let Ok(from) = result {
+            let _ = self.read_from(partition, via, from).await;
+        }
+    }
+
+    /// Reads up to 100 records of `partition` from `from` through `via`, and records the read;
+    /// returns what it returned.
+    async fn read_from(&self, partition: u32, via: String, from: u64) -> Result<Vec<Seen>, String> {
+        let start = now();
+        let result = self
+            .world
+            .call(&via, move |a| async move {
+                a.read(TOPIC, partition, from, ReadLimit::new(100, 1 << 20), false).await
+            })
+            .await
+            .map(|(records, next, hwm)| (seen(&records), next, hwm));
+        let records = result.as_ref().map(|(records, ..)| records.clone()).map_err(String::clone);
+        self.record(start, Op::Read { partition, via, from, result });
+        records
     }
 
     /// Reads `partition` from 0 to the end through each agent in turn until one read gets to
@@ -656,7 +729,10 @@ impl Clients {
 }
 
 fn seen(records: &[Record]) -> Vec<Seen> {
-    records.iter().map(|r| Seen { offset: r.offset, value: value_of(r) }).collect()
+    records
+        .iter()
+        .map(|r| Seen { offset: r.offset, value: value_of(r), timestamp_ms: r.timestamp_ms })
+        .collect()
 }
 
 fn value_of(record: &Record) -> String {

@@ -142,7 +142,11 @@ impl World {
             .collect();
         let agents: Vec<String> = (0..agents).map(|i| format!("agent-{i}")).collect();
         let clocks = agents.iter().map(|a| (a.clone(), Arc::new(SteppedClock::default()))).collect();
-        let power = agents.iter().map(|a| (a.clone(), disk::record_unsynced(&format!("{a}/")))).collect();
+        let power = agents
+            .iter()
+            .chain(metadata_nodes.values())
+            .map(|host| (host.clone(), disk::record_unsynced(&format!("{host}/"))))
+            .collect();
         let timeout = MetadataClientOptions::default().timeout;
         let metadata_links = agents.iter().map(|a| (a.clone(), MetadataLink::new(timeout))).collect();
         Arc::new(World {
@@ -300,8 +304,8 @@ impl World {
         lock(&self.running).remove(id);
     }
 
-    /// After the host of agent `id` crashed: its disk loses what no fsync covered, the first
-    /// `torn` bytes of it put down, and the next process of it starts afresh.
+    /// After host `id` (an agent's or a metadata node's) crashed: its disk loses what no fsync
+    /// covered, the first `torn` bytes of it put down, and the next process of it starts afresh.
     pub(crate) fn lose_power(&self, id: &str, torn: usize) -> std::io::Result<()> {
         self.power[id].lose_unsynced(torn)?;
         disk::forget_process(Path::new(id));
@@ -378,12 +382,22 @@ impl World {
         let Some(running) = lock(&self.running).get(id).cloned() else {
             return Err(format!("{id} is down"));
         };
+        // A paused agent hears the request, and its answer leaves, once the pause ends.
+        let deadline = tokio::time::Instant::now() + CLIENT_TIMEOUT;
+        let timed_out = || Err(format!("{id} did not answer within {CLIENT_TIMEOUT:?}"));
+        if !self.net.unpaused([id, id], deadline).await {
+            return timed_out();
+        }
         let task = running.runtime.spawn(request(running.agent));
-        match tokio::time::timeout(CLIENT_TIMEOUT, task).await {
+        let answer = match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(Ok(answer))) => Ok(answer),
             Ok(Ok(Err(e))) => Err(e.to_string()),
-            Ok(Err(_)) => Err(format!("{id} crashed while answering")),
-            Err(_) => Err(format!("{id} did not answer within {CLIENT_TIMEOUT:?}")),
+            Ok(Err(_)) => return Err(format!("{id} crashed while answering")),
+            Err(_) => return timed_out(),
+        };
+        if !self.net.unpaused([id, id], deadline).await {
+            return timed_out();
         }
+        answer
     }
 }

@@ -596,8 +596,35 @@ impl Agent {
             .map_or(local_start, |earliest| earliest.min(local_start))
     }
 
-    /// The first offset of a partition whose timestamp is at least `timestamp_ms`, looking in
-    /// archived segments (by their timestamp range) before the local log.
+    /// The first offset from `base` to `last` whose record is stamped `timestamp_ms` or later,
+    /// read through this agent's read path (which asks the agents holding the segment).
+    async fn first_stamped_elsewhere(
+        &self,
+        topic: &str,
+        partition: u32,
+        base: u64,
+        last: u64,
+        timestamp_ms: i64,
+    ) -> Result<Option<u64>, ApiError> {
+        let mut next = base;
+        while next <= last {
+            let limit = ReadLimit::new(crate::limits::REPLAY_MAX, 1 << 20);
+            let (records, after, _) = Box::pin(self.read(topic, partition, next, limit, true)).await?;
+            let in_segment = records.iter().take_while(|r| r.offset <= last);
+            if let Some(r) = in_segment.clone().find(|r| r.timestamp_ms >= timestamp_ms) {
+                return Ok(Some(r.offset));
+            }
+            if records.is_empty() || after <= next {
+                break;
+            }
+            next = after;
+        }
+        Ok(None)
+    }
+
+    /// The first offset of a partition whose timestamp is at least `timestamp_ms`: in the local
+    /// log, or before it in archived segments (by their timestamp range) and in segments only
+    /// other agents hold.
     pub async fn offset_for_time(
         &self,
         topic: &str,
@@ -612,28 +639,43 @@ impl Agent {
                 return self.inner.peers.offset_for_time(peer, topic, partition, timestamp_ms).await;
             }
         };
-        if let (Some(cold), Some(part)) = (&self.inner.cold, self.partition_meta(topic, partition)) {
-            let local_start = reader.log_start();
+        // The local log first; then any segment before what it found that this agent holds no
+        // whole copy of (archived and dropped, or written before it took the partition over and
+        // not archived yet) may hold an earlier record that late.
+        let local_reader = Arc::clone(&reader);
+        let local =
+            silt_metadata::runtime::spawn_blocking(move || local_reader.offset_for_time(timestamp_ms))
+                .await
+                .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
+        if let Some(part) = self.partition_meta(topic, partition) {
             for seg in part.segments.values() {
-                if seg.base_offset >= local_start && reader.holds(seg.base_offset) {
+                if seg.base_offset >= local {
                     break;
                 }
-                if seg.max_timestamp_ms.is_some_and(|m| m < timestamp_ms) {
+                // A replica here may end short of the sealed segment (its tail was written while
+                // this agent was away): such a segment is read from the others too.
+                let held_whole =
+                    reader.holds(seg.base_offset) && seg.last_offset.is_none_or(|l| reader.holds(l));
+                if held_whole || seg.max_timestamp_ms.is_some_and(|m| m < timestamp_ms) {
                     continue;
                 }
-                let (Some(key), Some(_)) = (&seg.object_key, seg.last_offset) else { continue };
-                let found = cold
-                    .offset_for_time(key, seg.object_bytes, timestamp_ms)
-                    .await
-                    .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?;
+                let found = match (&seg.object_key, seg.last_offset, &self.inner.cold) {
+                    (Some(key), Some(_), Some(cold)) => cold
+                        .offset_for_time(key, seg.object_bytes, timestamp_ms)
+                        .await
+                        .map_err(|e| ApiError::unavailable(format!("reading archived data: {e}")))?,
+                    (None, Some(last), _) => {
+                        self.first_stamped_elsewhere(topic, partition, seg.base_offset, last, timestamp_ms)
+                            .await?
+                    }
+                    _ => None,
+                };
                 if let Some(offset) = found {
-                    return Ok(offset);
+                    return Ok(offset.min(local));
                 }
             }
         }
-        let offset = silt_metadata::runtime::spawn_blocking(move || reader.offset_for_time(timestamp_ms))
-            .await
-            .map_err(|e| ApiError::unavailable(format!("read task panicked: {e}")))??;
+        let offset = local;
         // With no record that late, the answer is the log's end: this writer's to give only.
         self.end_check(&handle, topic, partition)?;
         Ok(offset)

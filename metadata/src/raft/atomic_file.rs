@@ -4,7 +4,7 @@
 //! Every such file holds [`frame`](crate::raft::frame)s, so damage is detected when it is read back.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use crate::raft::frame;
@@ -15,9 +15,9 @@ pub(crate) const TMP_SUFFIX: &str = ".tmp";
 /// Replaces `dir/name` with `bytes`, durably.
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
+    let file = File::options().read(true).write(true).create(true).truncate(true).open(&tmp)?;
+    silt_disk::write_all_at(&file, &tmp, bytes, 0)?;
+    silt_disk::sync_all(&file, &tmp)?;
     drop(file);
     fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)
@@ -25,7 +25,7 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Resu
 
 /// Makes creations, renames and deletions of entries in `dir` durable.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    silt_disk::sync_all(&File::open(dir)?, dir)
 }
 
 /// Creates `dir` and its missing parents durably: each directory created is fsynced into its

@@ -812,7 +812,11 @@ async fn read_all(client: &Client, partition: u32) -> Result<(Vec<Seen>, u64), S
 fn seen(messages: &[silt::client::Message]) -> Vec<Seen> {
     messages
         .iter()
-        .map(|m| Seen { offset: m.offset, value: m.value.clone().unwrap_or_else(|| "<none>".to_string()) })
+        .map(|m| Seen {
+            offset: m.offset,
+            value: m.value.clone().unwrap_or_else(|| "<none>".to_string()),
+            timestamp_ms: m.timestamp,
+        })
         .collect()
 }
 
