@@ -419,9 +419,10 @@ async fn a_writer_cut_off_from_metadata_stops_answering_for_the_partition_once_i
 }
 
 /// A writer paused longer than its lease (SIGSTOP, a long garbage collection) is replaced
-/// meanwhile. What it took just before the pause and sends on when it resumes is fenced off
-/// or acknowledged at an offset it holds for good; it never gives a stale end of the
-/// partition; every acknowledged message stays at its offset on the new writer.
+/// meanwhile. What it took just before the pause and sends on when it resumes, while the next
+/// writer recovers the partition, is fenced off or acknowledged at an offset it holds for
+/// good; it never gives a stale end of the partition; every acknowledged message stays at its
+/// offset on the new writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_paused_longer_than_its_lease_is_replaced_and_what_it_sends_on_resuming_is_fenced_off() {
     let (cluster, old, mut acked) = linked_cluster_with_ten_acknowledged().await;
@@ -432,15 +433,18 @@ async fn a_writer_paused_longer_than_its_lease_is_replaced_and_what_it_sends_on_
         let agent = cluster.agent(&old).clone();
         async move { agent.produce(TOPIC, vec![message(10)]).await }
     });
+    // Metadata names another writer; the old one resumes as it recovers the partition (a
+    // member paused for good would hold the recovery up for a peer timeout), and what it held
+    // goes on meanwhile.
     let new = writer_other_than(&cluster, &old).await;
+    cluster.net.pause(&old, false);
+    cluster.metadata_links[&old].pause(false);
     let mut last = 0;
     for i in 11..20 {
         let offset = produce_acked(cluster.agent(&new), i).await;
         acked.insert(offset, i);
         last = last.max(offset);
     }
-    cluster.net.pause(&old, false);
-    cluster.metadata_links[&old].pause(false);
     if let Ok(ids) = in_flight.await.expect("the produce task") {
         acked.insert(offset(&ids[0]), 10);
     }

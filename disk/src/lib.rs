@@ -235,6 +235,17 @@ struct Change {
     cut_to: Option<u64>,
 }
 
+impl Change {
+    /// The file's length after it.
+    fn len_after(&self) -> u64 {
+        match (&self.written, self.cut_to) {
+            (Some(bytes), _) => self.len_before.max(self.position + bytes.len() as u64),
+            (None, Some(len)) => len,
+            (None, None) => self.len_before,
+        }
+    }
+}
+
 /// From now on, records writes and cuts of files whose path contains `path_part` until each
 /// file's next fsync: [`PowerLoss::lose_unsynced`] takes them back.
 pub fn record_unsynced(path_part: &str) -> Arc<PowerLoss> {
@@ -249,7 +260,9 @@ impl PowerLoss {
     /// `torn` bytes of what was written to it since, in the order written (the power failed
     /// during the write that follows them; cuts among them are done again too, a cut before
     /// the first write even when `torn` is 0), each file with its own `torn` bytes. Pages
-    /// written out of order are not modelled. A file deleted since is skipped. The process's
+    /// written out of order are not modelled. A file deleted since is skipped, and so are its
+    /// changes when another file was created under its name (told by its length at the new
+    /// file's first change: one deleted when as long as the new one starts is not told apart). The process's
     /// open files must not be used afterwards: the process is gone.
     pub fn lose_unsynced(&self, torn: usize) -> io::Result<()> {
         let unsynced = std::mem::take(&mut *lock(&self.unsynced));
@@ -327,7 +340,14 @@ fn record(
             written: written.clone(),
             cut_to,
         };
-        lock(&r.unsynced).entry(path.to_path_buf()).or_default().push(change);
+        let mut unsynced = lock(&r.unsynced);
+        let changes = unsynced.entry(path.to_path_buf()).or_default();
+        // A length other than the last change left: the file was deleted and another created
+        // under its name (or cut outside the seam); what was recorded belongs to no file now.
+        if changes.last().is_some_and(|c| c.len_after() != len_before) {
+            changes.clear();
+        }
+        changes.push(change);
     }
     Ok(())
 }
@@ -416,6 +436,23 @@ mod tests {
         unsynced(6, b"syncAAAABB");
         unsynced(8, b"syncAAAABB");
         unsynced(9, b"syCcAAAABB");
+    }
+
+    #[test]
+    fn a_power_loss_leaves_a_file_created_again_under_a_deleted_ones_name_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.log");
+        let power = record_unsynced(&path.to_string_lossy());
+        let open = || OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        let old = open();
+        write_all_at(&old, &path, b"old, never synced", 0).unwrap();
+        drop(old);
+        std::fs::remove_file(&path).unwrap();
+        let new = open();
+        write_all_at(&new, &path, b"new", 0).unwrap();
+        // The power fails after the new file's first three bytes reached the disk.
+        power.lose_unsynced(3).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
     }
 
     #[test]

@@ -20,9 +20,10 @@ pub struct Held {
 /// The cuts that bring `held` (a log's segments, in order) in line with `part`: for each,
 /// the segment's base and the offset it is cut back to (its base: cut to nothing). A segment
 /// metadata sealed shorter is cut to the sealed end; one that is not the segment metadata knows
-/// at its offset (another epoch wrote it, or it was never recorded) is cut to nothing; an open
-/// one, an empty one, or one below metadata's chain (deleted by retention, trimmed once
-/// archived) is left alone. What is cut was never acknowledged.
+/// at its offset (another epoch wrote it, or it was never recorded, as at or past the end of a
+/// chain left with no segment) is cut to nothing; an open one, an empty one, or one below
+/// metadata's chain (deleted by retention, trimmed once archived) is left alone. What is cut
+/// was never acknowledged.
 ///
 /// `part` must be a view taken after the log's data was written. A view older than what the
 /// directory has seen (`fence`, or a segment's epoch above the view's) is refused: cutting by it
@@ -40,7 +41,9 @@ pub fn plan(held: &[Held], part: &Partition, fence: u64) -> Result<Vec<(u64, u64
             part.epoch
         ));
     }
-    let Some(first) = part.segments.keys().next().copied() else { return Ok(Vec::new()) };
+    // With no segment left, the chain ends where `empty_end` says: below it retention deleted,
+    // and from it on nothing was recorded (a seal of no records removed the only segment).
+    let first = part.first_offset();
     let mut cuts = Vec::new();
     for s in held.iter().filter(|s| s.records > 0 && s.base >= first) {
         let cut = match part.segments.get(&s.base) {
@@ -146,8 +149,17 @@ mod tests {
         // An empty segment's epoch says nothing; the fence at the view's epoch is no newer.
         let empty = Held { base: 30, next_offset: 30, records: 0, first_epoch: Some(9) };
         assert_eq!(plan(&[empty], &part, 3), Ok(vec![]));
-        // Metadata with no segments: nothing to cut by.
+    }
+
+    #[test]
+    fn a_chain_left_with_no_segment_cuts_what_lies_at_or_past_its_end() {
+        // A recovery sealed the only segment with no records, which removed it: the record a
+        // silent member holds at its base was never recorded, nor acknowledged.
         let bare = Partition { epoch: 3, ..Partition::default() };
-        assert_eq!(plan(&[held(0, 10, 1)], &bare, 3), Ok(vec![]));
+        assert_eq!(plan(&[held(0, 10, 1)], &bare, 3), Ok(vec![(0, 0)]));
+        // Below where the empty chain ends, retention deleted: left alone.
+        let deleted = Partition { epoch: 3, empty_end: 10, ..Partition::default() };
+        assert_eq!(plan(&[held(0, 10, 1)], &deleted, 3), Ok(vec![]));
+        assert_eq!(plan(&[held(0, 10, 1), held(10, 12, 2)], &deleted, 3), Ok(vec![(10, 10)]));
     }
 }
