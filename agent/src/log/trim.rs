@@ -21,7 +21,8 @@ pub struct Held {
 /// the segment's base and the offset it is cut back to (its base: cut to nothing). A segment
 /// metadata sealed shorter is cut to the sealed end; one that is not the segment metadata knows
 /// at its offset (another epoch wrote it, or it was never recorded, as at or past the end of a
-/// chain left with no segment) is cut to nothing; an open one, an empty one, or one below
+/// chain left with no segment) is cut to nothing; one below metadata's chain that runs past
+/// its start is cut back to that start; an open one, an empty one, or one wholly below
 /// metadata's chain (deleted by retention, trimmed once archived) is left alone. What is cut
 /// was never acknowledged.
 ///
@@ -45,6 +46,11 @@ pub fn plan(held: &[Held], part: &Partition, fence: u64) -> Result<Vec<(u64, u64
     // and from it on nothing was recorded (a seal of no records removed the only segment).
     let first = part.first_offset();
     let mut cuts = Vec::new();
+    // A segment below the chain that runs past its start holds from there on what metadata
+    // never recorded in it (a recovery sealed it shorter while this copy was away).
+    for s in held.iter().filter(|s| s.records > 0 && s.base < first && s.next_offset > first) {
+        cuts.push((s.base, first));
+    }
     for s in held.iter().filter(|s| s.records > 0 && s.base >= first) {
         let cut = match part.segments.get(&s.base) {
             Some(m) if s.first_epoch.is_some_and(|e| i64::from(e) != m.epoch as i64) => Some(s.base),
@@ -161,5 +167,20 @@ mod tests {
         let deleted = Partition { epoch: 3, empty_end: 10, ..Partition::default() };
         assert_eq!(plan(&[held(0, 10, 1)], &deleted, 3), Ok(vec![]));
         assert_eq!(plan(&[held(0, 10, 1), held(10, 12, 2)], &deleted, 3), Ok(vec![(10, 10)]));
+    }
+
+    #[test]
+    fn a_segment_that_runs_past_where_the_chain_starts_is_cut_back_to_it() {
+        // A recovery sealed [0, 12) at 10 while this member was away; the segment was archived
+        // and deleted by retention, and the chain goes on from 10 (or, once a later segment
+        // closed with no records, ends there). What this member holds from 10 on was never
+        // acknowledged, and the next writer's segment starts at 10.
+        let emptied = Partition { epoch: 3, empty_end: 10, ..Partition::default() };
+        assert_eq!(plan(&[held(0, 12, 1)], &emptied, 3), Ok(vec![(0, 10)]));
+        let mut going_on = partition();
+        going_on.segments.remove(&0);
+        assert_eq!(plan(&[held(0, 12, 1)], &going_on, 3), Ok(vec![(0, 10)]));
+        // Ending where the chain starts, it is left alone.
+        assert_eq!(plan(&[held(0, 10, 1)], &going_on, 3), Ok(vec![]));
     }
 }

@@ -24,9 +24,15 @@ impl PartitionWriter {
         if fence > epoch {
             return Err(StoreError::Fenced { topic, partition, epoch, fence });
         }
+        // Only the topic this writer was started for: one deleted and created again under its
+        // name has a chain of its own, which says nothing about this directory.
+        let topic_id = self.config.topic_id;
         let meta = self
             .metadata
-            .read(|s| s.topic(&topic).map(|t| t.partitions.get(partition as usize).cloned()))
+            .read(|s| {
+                s.topic(&topic)
+                    .map(|t| t.partitions.get(partition as usize).filter(|_| t.id == topic_id).cloned())
+            })
             .await??
             .ok_or_else(|| {
                 StoreError::Metadata(silt_metadata::MetadataError::UnknownPartition {
