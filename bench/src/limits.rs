@@ -45,14 +45,22 @@ pub struct Limits {
     /// CPU time the writing thread spent per 4 KiB overwrite + fdatasync, µs.
     #[serde(default)]
     pub overwrite_4k_fdatasync_cpu_us: f64,
+    /// 4 KiB overwrites + fdatasync one thread completes per second back to back: the disk's
+    /// flush capacity, against which a system's fdatasyncs per second are read.
+    #[serde(default)]
+    pub overwrite_4k_fdatasyncs_per_s: f64,
+    /// Flush requests the disk completed per second meanwhile (`/proc/diskstats`; none where
+    /// the folder is on no block device or the kernel does not count them).
+    #[serde(default)]
+    pub overwrite_4k_disk_flushes_per_s: Option<f64>,
 }
 
 /// Measures all limits, writing files under `dir` (the filesystem the systems write to).
 pub fn measure(dir: &Path, each: Duration) -> anyhow::Result<Limits> {
     std::fs::create_dir_all(dir)?;
     let seq = seq_write(dir, each)?;
-    let (small, small_cpu_us) = small_writes(dir, each, SmallWrites::Append)?;
-    let (over, over_cpu_us) = small_writes(dir, each, SmallWrites::Overwrite)?;
+    let (small, small_cpu_us, _) = small_writes(dir, each, SmallWrites::Append)?;
+    let (over, over_cpu_us, over_flushes) = small_writes(dir, each, SmallWrites::Overwrite)?;
     let tcp = loopback_tcp(each)?;
     let round_trip = loopback_round_trips(each)?;
     Ok(Limits {
@@ -63,6 +71,8 @@ pub fn measure(dir: &Path, each: Duration) -> anyhow::Result<Limits> {
         loopback_round_trip: round_trip.summary(),
         overwrite_4k_fdatasync: over.summary(),
         overwrite_4k_fdatasync_cpu_us: over_cpu_us,
+        overwrite_4k_fdatasyncs_per_s: over_flushes.fdatasyncs_per_s,
+        overwrite_4k_disk_flushes_per_s: over_flushes.disk_flushes_per_s,
     })
 }
 
@@ -117,9 +127,15 @@ fn seq_write(dir: &Path, each: Duration) -> anyhow::Result<f64> {
     Ok(written as f64 / timed.as_secs_f64() / 1e6)
 }
 
+/// How often small writes flushed.
+struct FlushRate {
+    fdatasyncs_per_s: f64,
+    disk_flushes_per_s: Option<f64>,
+}
+
 /// Appends 4 KiB with fdatasync after each for `each` (at most 100,000 writes); returns their
-/// latency and the CPU time this thread spent per write, µs.
-fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result<(Latency, f64)> {
+/// latency, the CPU time this thread spent per write, µs, and how often they flushed.
+fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result<(Latency, f64, FlushRate)> {
     let path = dir.join("limits-4k.bin");
     let _ = std::fs::remove_file(&path);
     let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&path)?;
@@ -134,6 +150,7 @@ fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result
     let block = pseudo_random(SMALL_WRITE_BYTES);
     let mut lat = Latency::new();
     let cpu_before = crate::proc_stats::thread_cpu_s()?;
+    let machine = crate::proc_stats::MachineMark::start(dir)?;
     let start = Instant::now();
     let mut n = 0;
     while start.elapsed() < each && n < 100_000 {
@@ -146,10 +163,16 @@ fn small_writes(dir: &Path, each: Duration, mode: SmallWrites) -> anyhow::Result
         lat.record(t.elapsed());
         n += 1;
     }
+    let elapsed = start.elapsed().as_secs_f64();
+    let used = machine.finish()?;
     let cpu_us = (crate::proc_stats::thread_cpu_s()? - cpu_before) * 1e6 / f64::from(n.max(1));
     drop(f);
     let _ = std::fs::remove_file(&path);
-    Ok((lat, cpu_us))
+    let rate = FlushRate {
+        fdatasyncs_per_s: f64::from(n) / elapsed,
+        disk_flushes_per_s: used.disk_flushes.map(|d| d as f64 / used.elapsed_s),
+    };
+    Ok((lat, cpu_us, rate))
 }
 
 /// Round trips over one loopback TCP connection (Nagle off) between this thread and another:
@@ -233,6 +256,7 @@ mod tests {
         assert!(l.write_4k_fdatasync_cpu_us >= 0.0 && l.write_4k_fdatasync_cpu_us.is_finite());
         assert!(l.overwrite_4k_fdatasync.count > 0);
         assert!(l.overwrite_4k_fdatasync_cpu_us >= 0.0 && l.overwrite_4k_fdatasync_cpu_us.is_finite());
+        assert!(l.overwrite_4k_fdatasyncs_per_s > 0.0);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files are removed");
     }
 }

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Parser;
 
+use silt_bench::group_commit::GroupCommitServer;
 use silt_bench::load::{LoadPlan, ProduceTarget};
 use silt_bench::nats_system::{NatsCluster, NatsProducer};
-use silt_bench::proc_stats::ProcMark;
+use silt_bench::proc_stats::{MachineMark, MachineUse, ProcMark};
 use silt_bench::report::{local_folder, Machine, ReplayEntry, Report, RunResult, Settings};
 use silt_bench::silt_system::{SiltProducer, SiltServer};
 use silt_bench::workload::{ProduceSpec, Workload, WorkloadKind};
@@ -43,7 +44,7 @@ struct Args {
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// The `silt` binary (a release build).
-    #[arg(long, env = "SILT_BIN", required_unless_present = "compare")]
+    #[arg(long, env = "SILT_BIN", required_unless_present_any = ["compare", "serve_group_commit"])]
     silt_bin: Option<PathBuf>,
     /// The `nats-server` binary; without it the peer's rows say it was not run.
     #[arg(long, env = "NATS_SERVER_BIN")]
@@ -76,6 +77,15 @@ struct Args {
     /// next to the noise the runs themselves report, and print it as Markdown.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
     compare: Option<Vec<PathBuf>>,
+    /// Rounds of every produce workload: in each round every system runs every rate in turn,
+    /// and the report shows the median and the range of the rounds (the replay workloads run
+    /// once).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
+    repeats: u32,
+    /// Run nothing else: serve as the plain group-commit server, appending to a file in this
+    /// folder (started by the benchmark itself, as a process of its own).
+    #[arg(long, hide = true, value_name = "DIR")]
+    serve_group_commit: Option<PathBuf>,
 }
 
 const SILT_SETTINGS: &str = "`silt dev --agents R` (metadata, R agents and the compactor in one process, \
@@ -88,6 +98,9 @@ per poll, JSON).";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.serve_group_commit {
+        return silt_bench::group_commit::serve_main(dir);
+    }
     if let Some(paths) = &args.compare {
         let read = |p: &PathBuf| -> anyhow::Result<Report> {
             let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
@@ -134,14 +147,20 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut runs = Vec::new();
     let mut replays = Vec::new();
-    for (wi, w) in workloads.iter().enumerate() {
-        match w.kind {
-            WorkloadKind::Produce => {
-                let Some(spec) = &w.produce else { continue };
-                runs.extend(run_produce_workload(&args, &work, wi, w, spec).await?);
-            }
-            WorkloadKind::Replay => {
-                replays.extend(run_replay_workload(&args, &work, wi, w).await?);
+    for round in 0..args.repeats {
+        for (wi, w) in workloads.iter().enumerate() {
+            match w.kind {
+                WorkloadKind::Produce => {
+                    let Some(spec) = &w.produce else { continue };
+                    if args.repeats > 1 {
+                        eprintln!("== round {} of {}", round + 1, args.repeats);
+                    }
+                    runs.extend(run_produce_workload(&args, &work, wi, w, spec, round).await?);
+                }
+                WorkloadKind::Replay if round == 0 => {
+                    replays.extend(run_replay_workload(&args, &work, wi, w).await?);
+                }
+                WorkloadKind::Replay => {}
             }
         }
     }
@@ -210,7 +229,7 @@ fn rates(spec: &ProduceSpec) -> Vec<Rate> {
 
 fn plan(w: &Workload, spec: &ProduceSpec, rate: Option<f64>) -> LoadPlan {
     LoadPlan {
-        partitions: w.partitions,
+        partitions: w.total_partitions(),
         message_bytes: w.message_bytes,
         producers: spec.producers,
         batch_messages: spec.batch_messages,
@@ -241,9 +260,12 @@ async fn run_produce_workload(
     wi: usize,
     w: &Workload,
     spec: &ProduceSpec,
+    round: u32,
 ) -> anyhow::Result<Vec<RunResult>> {
     let mut out = Vec::new();
     let rates = rates(spec);
+    // What each Silt replication factor sustained at max, for the group-commit server's rates.
+    let mut silt_max: Vec<(u32, f64)> = Vec::new();
 
     // Silt: one server per replication factor (`silt dev --agents R`: R agents in one process,
     // each with its own data directory), a fresh topic for every run.
@@ -253,41 +275,63 @@ async fn run_produce_workload(
             SiltServer::start(silt_bin_of(args), &work.join(format!("silt-{wi}-r{r}")), r, None).await?;
         let mut max: Option<f64> = None;
         for (ri, rate) in rates.iter().enumerate() {
-            let topic = format!("w{wi}-r{r}-{ri}");
+            let topics: Vec<String> = match w.topics {
+                1 => vec![format!("w{wi}-r{r}-{ri}")],
+                n => (0..n).map(|t| format!("w{wi}-r{r}-{ri}-t{t}")).collect(),
+            };
             let client = server.client()?;
-            client
-                .create_topic(&topic, w.partitions, &w.silt_topic_config(r))
-                .await
-                .context("cannot create the Silt topic")?;
+            for topic in &topics {
+                client
+                    .create_topic(topic, w.partitions, &w.silt_topic_config(r))
+                    .await
+                    .with_context(|| format!("cannot create the Silt topic {topic}"))?;
+            }
             let target_rate = target(rate, max);
             eprintln!("   silt R={r} {}", rate.label());
-            let target: Arc<dyn ProduceTarget> =
-                Arc::new(SiltProducer { client: client.clone(), topic: topic.clone() });
+            let target: Arc<dyn ProduceTarget> = Arc::new(SiltProducer {
+                client: client.clone(),
+                topics: topics.clone(),
+                partitions_per_topic: w.partitions,
+            });
             let mark = ProcMark::start(&[server.pid()])?;
             let members = spec.consumers;
             let max_poll = spec.consume_max;
+            let sampled = WindowUse::default();
             let (outcome, stats, _) = silt_bench::load::run(
                 target,
                 &plan(w, spec, target_rate),
                 args.drain,
                 |window, stats, stop| {
-                    let client = client.clone();
-                    let topic = topic.clone();
-                    async move {
-                        Ok(silt_bench::silt_system::start_consumers(
-                            &client, &topic, members, max_poll, window, stats, stop,
-                        ))
-                    }
+                    sample_window(&sampled, work, window);
+                    let consumers = topics
+                        .iter()
+                        .flat_map(|topic| {
+                            silt_bench::silt_system::start_consumers(
+                                &client,
+                                topic,
+                                members,
+                                max_poll,
+                                window,
+                                Arc::clone(&stats),
+                                stop.clone(),
+                            )
+                        })
+                        .collect();
+                    async move { Ok(consumers) }
                 },
             )
             .await?;
             let used = mark.finish()?;
-            let res = result(w, "silt", r, rate, target_rate, spec, &outcome, &stats, used);
+            let machine = machine_use(&sampled).await;
+            let res = result(w, "silt", r, rate, target_rate, spec, &outcome, &stats, used, machine, round);
             if matches!(rate, Rate::Max) {
                 max = Some(sustained(&res));
+                silt_max.push((r, sustained(&res)));
             }
             out.push(res);
-            let _ = client.delete_topic(&topic).await;
+            for topic in &topics {
+                let _ = client.delete_topic(topic).await;
+            }
         }
         tokio::task::spawn_blocking(move || server.stop()).await?;
     }
@@ -316,7 +360,7 @@ async fn run_produce_workload(
         let mut max: Option<f64> = None;
         for (ri, rate) in rates.iter().enumerate() {
             let topic = format!("w{wi}-r{r}-{ri}");
-            silt_bench::nats_system::create_topic(&admin, &topic, w.partitions, r).await?;
+            silt_bench::nats_system::create_topic(&admin, &topic, w.total_partitions(), r).await?;
             let target_rate = target(rate, max);
             eprintln!("   nats R={r} {}", rate.label());
             let target: Arc<dyn ProduceTarget> = Arc::new(NatsProducer {
@@ -325,12 +369,14 @@ async fn run_produce_workload(
                 next: AtomicUsize::new(0),
             });
             let mark = ProcMark::start(&cluster.pids())?;
-            let (partitions, max_fetch) = (w.partitions, spec.consume_max);
+            let (partitions, max_fetch) = (w.total_partitions(), spec.consume_max);
+            let sampled = WindowUse::default();
             let (outcome, stats, _) = silt_bench::load::run(
                 target,
                 &plan(w, spec, target_rate),
                 args.drain,
                 |window, stats, stop| {
+                    sample_window(&sampled, work, window);
                     let admin = admin.clone();
                     let topic = topic.clone();
                     async move {
@@ -343,17 +389,84 @@ async fn run_produce_workload(
             )
             .await?;
             let used = mark.finish()?;
-            let res = result(w, "nats", r, rate, target_rate, spec, &outcome, &stats, used);
+            let machine = machine_use(&sampled).await;
+            let res = result(w, "nats", r, rate, target_rate, spec, &outcome, &stats, used, machine, round);
             if matches!(rate, Rate::Max) {
                 max = Some(sustained(&res));
             }
             out.push(res);
-            silt_bench::nats_system::delete_topic(&admin, &topic, w.partitions).await;
+            silt_bench::nats_system::delete_topic(&admin, &topic, w.total_partitions()).await;
         }
         drop(contexts);
         tokio::task::spawn_blocking(move || cluster.stop()).await?;
     }
+
+    // The plain group-commit server: its own max, then Silt R=1's rates (so that latencies
+    // compare at the same load), then the fixed rates. One copy, so one run whatever R.
+    eprintln!("== {}: group commit", w.name);
+    let bench_bin = std::env::current_exe().context("cannot find the silt-bench binary")?;
+    let server = GroupCommitServer::start(&bench_bin, &work.join(format!("group-commit-{wi}")))?;
+    let silt_r1_max = silt_max.iter().find(|(r, _)| *r == 1).map(|(_, m)| *m);
+    let mut max: Option<f64> = None;
+    for rate in &rates {
+        let target_rate = match rate {
+            Rate::Fraction(_) => target(rate, silt_r1_max.or(max)),
+            _ => target(rate, max),
+        };
+        eprintln!("   group commit {}", rate.label());
+        let target: Arc<dyn ProduceTarget> = Arc::new(server.producer(spec.producers).await?);
+        let mark = ProcMark::start(&[server.pid()])?;
+        let sampled = WindowUse::default();
+        let (outcome, stats, _) =
+            silt_bench::load::run(target, &plan(w, spec, target_rate), args.drain, |window, _, _| {
+                sample_window(&sampled, work, window);
+                async { Ok(Vec::new()) }
+            })
+            .await?;
+        let used = mark.finish()?;
+        let machine = machine_use(&sampled).await;
+        let res = result(w, GROUP_COMMIT, 1, rate, target_rate, spec, &outcome, &stats, used, machine, round);
+        if matches!(rate, Rate::Max) {
+            max = Some(res.throughput_msgs_per_s.max(1.0));
+        }
+        out.push(res);
+    }
+    tokio::task::spawn_blocking(move || server.stop()).await?;
     Ok(out)
+}
+
+/// The plain group-commit server's name in the results.
+const GROUP_COMMIT: &str = silt_bench::report::GROUP_COMMIT;
+
+/// Machine-wide CPU and the disk's counters over one run's measured window, sampled by a task
+/// of its own.
+type WindowUse = Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<anyhow::Result<MachineUse>>>>>;
+
+/// Starts sampling the machine over `window` (the disk is the one that holds `work`).
+fn sample_window(slot: &WindowUse, work: &Path, window: silt_bench::load::Window) {
+    let dir = work.to_path_buf();
+    let task = tokio::spawn(async move {
+        tokio::time::sleep_until(window.start.into()).await;
+        let mark = MachineMark::start(&dir)?;
+        tokio::time::sleep_until(window.end.into()).await;
+        mark.finish()
+    });
+    if let Ok(mut slot) = slot.lock() {
+        *slot = Some(task);
+    }
+}
+
+/// What the sampler measured (none if it could not read `/proc`).
+async fn machine_use(slot: &WindowUse) -> Option<MachineUse> {
+    let task = slot.lock().ok()?.take()?;
+    match task.await {
+        Ok(Ok(used)) => Some(used),
+        Ok(Err(e)) => {
+            eprintln!("   cannot measure the machine: {e:#}");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// What a max run sustained end to end: the lower of the produce and consume rates.
@@ -380,12 +493,15 @@ fn result(
     outcome: &silt_bench::load::ProduceOutcome,
     stats: &silt_bench::load::ConsumeStats,
     used: silt_bench::proc_stats::ProcUse,
+    machine: Option<MachineUse>,
+    round: u32,
 ) -> RunResult {
     let window_s = spec.duration.as_secs_f64();
     let msgs_per_s = outcome.acked_in_window as f64 / window_s;
     let samples: Vec<f64> = outcome.per_second_msgs.iter().map(|v| *v as f64).collect();
     let cv = silt_bench::report::coefficient_of_variation(&samples);
     let gb = (outcome.acked_total * w.message_bytes as u64) as f64 / 1e9;
+    let window_gb = (outcome.acked_in_window * w.message_bytes as u64) as f64 / 1e9;
     let e2e = stats.end_to_end.lock().map(|h| h.summary()).unwrap_or_default();
     RunResult {
         workload: w.name.clone(),
@@ -411,6 +527,14 @@ fn result(
         server_cpu_s_per_gb: if gb > 0.0 { used.server_cpu_s / gb } else { 0.0 },
         client_cpu_s_per_gb: if gb > 0.0 { used.client_cpu_s / gb } else { 0.0 },
         server_peak_rss_mib: used.server_peak_rss_bytes as f64 / f64::from(1u32 << 20),
+        round,
+        server_cpu_cores: if used.elapsed_s > 0.0 { used.server_cpu_s / used.elapsed_s } else { 0.0 },
+        machine_cpu_cores: machine.map(|m| m.cpu_s / m.elapsed_s),
+        machine_cpu_s_per_gb: machine.filter(|_| window_gb > 0.0).map(|m| m.cpu_s / window_gb),
+        disk_flushes_per_s: machine.and_then(|m| Some(m.disk_flushes? as f64 / m.elapsed_s)),
+        disk_bytes_per_acked_byte: machine
+            .filter(|_| window_gb > 0.0)
+            .and_then(|m| Some(m.disk_bytes_written? as f64 / (window_gb * 1e9))),
     }
 }
 

@@ -147,7 +147,11 @@ pub async fn run(
     let metrics_before = client.metrics().await?;
     let mark = ProcMark::start(&[server.pid()])?;
     let start = Instant::now();
-    let target = Arc::new(SiltProducer { client: client.clone(), topic: topic.to_string() });
+    let target = Arc::new(SiltProducer {
+        client: client.clone(),
+        topics: vec![topic.to_string()],
+        partitions_per_topic: w.partitions,
+    });
     let per_producer = messages.div_ceil(u64::from(spec.producers));
     let writers = (0..spec.producers).map(|p| {
         let target = Arc::clone(&target);

@@ -109,7 +109,31 @@ pub struct RunResult {
     pub client_cpu_s_per_gb: f64,
     /// Peak resident memory of the servers (summed), MiB.
     pub server_peak_rss_mib: f64,
+    /// Which round of the run this was (`--repeats`; the systems take turns in every round).
+    #[serde(default)]
+    pub round: u32,
+    /// Server CPU seconds per second of the run (warm-up and drain included): cores kept busy.
+    #[serde(default)]
+    pub server_cpu_cores: f64,
+    /// Busy CPU of the whole machine over the measured window (every process, the clients
+    /// included, and the kernel's own work), cores.
+    #[serde(default)]
+    pub machine_cpu_cores: Option<f64>,
+    /// The same, CPU seconds per GB of message values acknowledged in the window.
+    #[serde(default)]
+    pub machine_cpu_s_per_gb: Option<f64>,
+    /// Flush requests the disk under test completed per second in the window (each fdatasync
+    /// that had anything to write ends in one).
+    #[serde(default)]
+    pub disk_flushes_per_s: Option<f64>,
+    /// Bytes written to the disk under test per byte of message values acknowledged in the
+    /// window (every replica on this one disk; metadata and indexes included).
+    #[serde(default)]
+    pub disk_bytes_per_acked_byte: Option<f64>,
 }
+
+/// The plain group-commit server's name in [`RunResult::system`].
+pub const GROUP_COMMIT: &str = "group-commit";
 
 /// One replay workload on one system.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -166,6 +190,9 @@ fn f(v: f64) -> String {
     }
 }
 
+/// One figure of a run, if it has it.
+type Getter = fn(&RunResult) -> Option<f64>;
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => format!("**{:.2}**", a / b),
@@ -173,11 +200,87 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
+/// The median of some values (the mean of the middle two for an even count).
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// One run whose every figure is the median of the same figure over `runs` (the rounds of one
+/// system at one replication factor and rate).
+fn median_run(runs: &[&RunResult]) -> Option<RunResult> {
+    let mut m = (*runs.first()?).clone();
+    let med = |g: &dyn Fn(&RunResult) -> f64| median(runs.iter().map(|r| g(r)).collect()).unwrap_or(0.0);
+    let med_opt = |g: &dyn Fn(&RunResult) -> Option<f64>| median(runs.iter().filter_map(|r| g(r)).collect());
+    m.throughput_msgs_per_s = med(&|r| r.throughput_msgs_per_s);
+    m.throughput_mb_per_s = med(&|r| r.throughput_mb_per_s);
+    m.consume_msgs_per_s = med(&|r| r.consume_msgs_per_s);
+    m.throughput_cv = med(&|r| r.throughput_cv);
+    m.produce_ack.p50_ms = med(&|r| r.produce_ack.p50_ms);
+    m.produce_ack.p99_ms = med(&|r| r.produce_ack.p99_ms);
+    m.produce_ack.p999_ms = med(&|r| r.produce_ack.p999_ms);
+    m.end_to_end.p50_ms = med(&|r| r.end_to_end.p50_ms);
+    m.end_to_end.p99_ms = med(&|r| r.end_to_end.p99_ms);
+    m.end_to_end.p999_ms = med(&|r| r.end_to_end.p999_ms);
+    m.server_cpu_s_per_gb = med(&|r| r.server_cpu_s_per_gb);
+    m.client_cpu_s_per_gb = med(&|r| r.client_cpu_s_per_gb);
+    m.server_peak_rss_mib = med(&|r| r.server_peak_rss_mib);
+    m.server_cpu_cores = med(&|r| r.server_cpu_cores);
+    m.machine_cpu_cores = med_opt(&|r| r.machine_cpu_cores);
+    m.machine_cpu_s_per_gb = med_opt(&|r| r.machine_cpu_s_per_gb);
+    m.disk_flushes_per_s = med_opt(&|r| r.disk_flushes_per_s);
+    m.disk_bytes_per_acked_byte = med_opt(&|r| r.disk_bytes_per_acked_byte);
+    Some(m)
+}
+
 impl Report {
-    fn find(&self, workload: &str, system: &str, r: u32, rate: &str) -> Option<&RunResult> {
+    /// Every round of one system at one replication factor and rate that ran.
+    fn rounds(&self, workload: &str, system: &str, r: u32, rate: &str) -> Vec<&RunResult> {
         self.runs
             .iter()
-            .find(|x| x.workload == workload && x.system == system && x.replication == r && x.rate == rate)
+            .filter(|x| {
+                x.workload == workload
+                    && x.system == system
+                    && x.replication == r
+                    && x.rate == rate
+                    && x.available
+            })
+            .collect()
+    }
+
+    /// One system at one replication factor and rate: the median of its rounds, or (if none
+    /// ran) the entry that says why not.
+    fn find(&self, workload: &str, system: &str, r: u32, rate: &str) -> Option<RunResult> {
+        median_run(&self.rounds(workload, system, r, rate)).or_else(|| {
+            self.runs
+                .iter()
+                .find(|x| {
+                    x.workload == workload && x.system == system && x.replication == r && x.rate == rate
+                })
+                .cloned()
+        })
+    }
+
+    /// The lowest and highest of a figure over the rounds, when there was more than one.
+    fn range(&self, workload: &str, system: &str, r: u32, rate: &str, get: Getter) -> Option<(f64, f64)> {
+        let values: Vec<f64> = self.rounds(workload, system, r, rate).into_iter().filter_map(get).collect();
+        (values.len() > 1).then(|| {
+            (
+                values.iter().copied().fold(f64::INFINITY, f64::min),
+                values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            )
+        })
+    }
+
+    /// Rounds each system ran at each rate (the most of any).
+    pub fn rounds_run(&self) -> u32 {
+        self.runs.iter().map(|r| r.round + 1).max().unwrap_or(0)
     }
 
     /// The better of the start and end measurements: a limit is the best the machine did.
@@ -187,6 +290,15 @@ impl Report {
 
     fn disk_lat(&self, pick: fn(&LatencySummary) -> f64) -> f64 {
         pick(&self.limits_start.write_4k_fdatasync).min(pick(&self.limits_end.write_4k_fdatasync))
+    }
+
+    /// The disk's flush capacity: flushes per second of back-to-back 4 KiB overwrites +
+    /// fdatasync, the better of start and end, if the run measured it.
+    fn disk_flush_capacity(&self) -> Option<f64> {
+        [self.limits_start.overwrite_4k_disk_flushes_per_s, self.limits_end.overwrite_4k_disk_flushes_per_s]
+            .into_iter()
+            .flatten()
+            .max_by(f64::total_cmp)
     }
 
     /// The better p99 of the loopback round trip's two measurements, if the run measured it.
@@ -208,6 +320,14 @@ impl Report {
              Run took {:.0} s.\n",
             m.cores, m.cpu, m.memory_gib, m.kernel, m.filesystem, m.load_average[0], m.load_average[1], self.run_s
         );
+        if self.rounds_run() > 1 {
+            let _ = writeln!(
+                s,
+                "Every produce workload ran {} rounds, the systems taking turns in each; every figure is \
+                 the median of the rounds, with their lowest and highest in parentheses.\n",
+                self.rounds_run()
+            );
+        }
         let _ = writeln!(s, "- **Silt:** {}", self.settings.silt);
         let _ = writeln!(s, "- **NATS JetStream** ({}): {}", self.settings.nats_version, self.settings.nats);
         let _ = writeln!(s, "- **Load:** {}\n", self.settings.load);
@@ -217,7 +337,16 @@ impl Report {
         let _ = writeln!(s, "### Limits of this machine (plain programs, start and end of the run)\n");
         let _ = writeln!(s, "| limit | start | end |\n|---|---|---|");
         let lat = |l: &LatencySummary| format!("{} / {} / {} ms", f(l.p50_ms), f(l.p99_ms), f(l.p999_ms));
-        let rows: [(&str, String, String); 7] = [
+        let flushes = |l: &Limits| match l.overwrite_4k_disk_flushes_per_s {
+            Some(d) => {
+                format!("{} fdatasyncs/s, {} disk flushes/s", f(l.overwrite_4k_fdatasyncs_per_s), f(d))
+            }
+            None if l.overwrite_4k_fdatasyncs_per_s > 0.0 => {
+                format!("{} fdatasyncs/s", f(l.overwrite_4k_fdatasyncs_per_s))
+            }
+            None => "–".into(),
+        };
+        let rows: [(&str, String, String); 8] = [
             (
                 "sequential write, 8 MiB per write + fdatasync",
                 format!("{} MB/s", f(a.seq_write_fdatasync_mb_per_s)),
@@ -238,6 +367,11 @@ impl Report {
                 "4 KiB overwrite + fdatasync, CPU time of the writing thread per write",
                 format!("{} µs", f(a.overwrite_4k_fdatasync_cpu_us)),
                 format!("{} µs", f(b.overwrite_4k_fdatasync_cpu_us)),
+            ),
+            (
+                "4 KiB overwrite + fdatasync back to back from one thread: the disk's flush capacity",
+                flushes(a),
+                flushes(b),
             ),
             (
                 "loopback TCP, one stream",
@@ -277,9 +411,17 @@ impl Report {
             );
             let _ = writeln!(
                 s,
-                "| rate | metric | Silt R=1 | NATS R=1 | Silt/NATS R=1 | NATS R=3 | Silt R=3 | Silt R=1/NATS R=3 | limit | Silt R=1/limit |"
+                "The group-commit server appends every request to one file with one fdatasync per group \
+                 and does nothing else (one copy, no consumers); at a fraction of max it runs at Silt \
+                 R=1's rate. Machine CPU and disk figures are machine-wide over the measured window \
+                 (`/proc/stat`, `/proc/diskstats`): the clients and the kernel's own work count; the \
+                 limit for disk flushes is the disk's flush capacity (back-to-back 4 KiB fdatasyncs).\n"
             );
-            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(
+                s,
+                "| rate | metric | Silt R=1 | NATS R=1 | Silt/NATS R=1 | NATS R=3 | Silt R=3 | Silt R=1/NATS R=3 | group commit | Silt R=1/group commit | limit | Silt R=1/limit |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
             let mut rates: Vec<&str> = Vec::new();
             for r in self.runs.iter().filter(|r| r.workload == *w) {
                 if !rates.contains(&r.rate.as_str()) {
@@ -290,65 +432,100 @@ impl Report {
                 let silt = self.find(w, "silt", 1, rate).filter(|r| r.available);
                 let nats1 = self.find(w, "nats", 1, rate).filter(|r| r.available);
                 let nats3 = self.find(w, "nats", 3, rate).filter(|r| r.available);
+                let gc = self.find(w, GROUP_COMMIT, 1, rate).filter(|r| r.available);
                 let silt3 = self.find(w, "silt", 3, rate);
-                if let Some(reason) = silt3.and_then(|r| r.reason.clone()) {
+                if let Some(reason) = silt3.as_ref().and_then(|r| r.reason.clone()) {
                     if !notes.contains(&reason) {
                         notes.push(reason);
                     }
                 }
-                let silt3_cell = |g: fn(&RunResult) -> f64| match silt3 {
-                    Some(r) if r.available => f(g(r)),
-                    _ => "n/a¹".into(),
-                };
-                type Getter = fn(&RunResult) -> f64;
-                let rows: [(&str, Getter, Option<f64>, &str); 12] = [
-                    ("produce MB/s", |r| r.throughput_mb_per_s, Some(self.disk_bw()), "MB/s"),
-                    ("produce msgs/s", |r| r.throughput_msgs_per_s, None, ""),
-                    ("consume msgs/s", |r| r.consume_msgs_per_s, None, ""),
-                    ("produce-ack p50 ms", |r| r.produce_ack.p50_ms, Some(self.disk_lat(|l| l.p50_ms)), "ms"),
-                    ("produce-ack p99 ms", |r| r.produce_ack.p99_ms, Some(self.disk_lat(|l| l.p99_ms)), "ms"),
+                let (silt, nats1, nats3, gc) = (silt.as_ref(), nats1.as_ref(), nats3.as_ref(), gc.as_ref());
+                let rows: [(&str, Getter, Option<f64>, &str); 17] = [
+                    ("produce MB/s", |r| Some(r.throughput_mb_per_s), Some(self.disk_bw()), "MB/s"),
+                    ("produce msgs/s", |r| Some(r.throughput_msgs_per_s), None, ""),
+                    ("consume msgs/s", |r| consumed(r.consume_msgs_per_s), None, ""),
+                    (
+                        "produce-ack p50 ms",
+                        |r| Some(r.produce_ack.p50_ms),
+                        Some(self.disk_lat(|l| l.p50_ms)),
+                        "ms",
+                    ),
+                    (
+                        "produce-ack p99 ms",
+                        |r| Some(r.produce_ack.p99_ms),
+                        Some(self.disk_lat(|l| l.p99_ms)),
+                        "ms",
+                    ),
                     (
                         "produce-ack p999 ms",
-                        |r| r.produce_ack.p999_ms,
+                        |r| Some(r.produce_ack.p999_ms),
                         Some(self.disk_lat(|l| l.p999_ms)),
                         "ms",
                     ),
-                    ("end-to-end p50 ms", |r| r.end_to_end.p50_ms, Some(self.disk_lat(|l| l.p50_ms)), "ms"),
-                    ("end-to-end p99 ms", |r| r.end_to_end.p99_ms, Some(self.disk_lat(|l| l.p99_ms)), "ms"),
+                    (
+                        "end-to-end p50 ms",
+                        |r| consumed(r.end_to_end.p50_ms),
+                        Some(self.disk_lat(|l| l.p50_ms)),
+                        "ms",
+                    ),
+                    (
+                        "end-to-end p99 ms",
+                        |r| consumed(r.end_to_end.p99_ms),
+                        Some(self.disk_lat(|l| l.p99_ms)),
+                        "ms",
+                    ),
                     (
                         "end-to-end p999 ms",
-                        |r| r.end_to_end.p999_ms,
+                        |r| consumed(r.end_to_end.p999_ms),
                         Some(self.disk_lat(|l| l.p999_ms)),
                         "ms",
                     ),
-                    ("server CPU s per GB", |r| r.server_cpu_s_per_gb, None, ""),
-                    ("client CPU s per GB", |r| r.client_cpu_s_per_gb, None, ""),
-                    ("server peak RSS MiB", |r| r.server_peak_rss_mib, None, ""),
+                    ("server CPU s per GB", |r| Some(r.server_cpu_s_per_gb), None, ""),
+                    ("server CPU, cores", |r| Some(r.server_cpu_cores), None, ""),
+                    ("machine CPU s per GB", |r| r.machine_cpu_s_per_gb, None, ""),
+                    ("machine CPU, cores", |r| r.machine_cpu_cores, None, ""),
+                    ("client CPU s per GB", |r| Some(r.client_cpu_s_per_gb), None, ""),
+                    ("disk flushes per s", |r| r.disk_flushes_per_s, self.disk_flush_capacity(), "/s"),
+                    ("disk bytes written per byte acknowledged", |r| r.disk_bytes_per_acked_byte, None, ""),
+                    ("server peak RSS MiB", |r| Some(r.server_peak_rss_mib), None, ""),
                 ];
                 for (i, (name, get, limit, unit)) in rows.iter().enumerate() {
-                    let cell = |r: Option<&RunResult>| match r {
-                        Some(r) if i == 0 => format!("{} ±{:.0}%", f(get(r)), r.throughput_cv * 100.0),
-                        Some(r) => f(get(r)),
-                        None => "–".into(),
+                    // The median of the rounds, with their range when there were several (or,
+                    // for throughput from one round, the spread of its seconds).
+                    let cell = |system: &str, replication: u32, r: Option<&RunResult>| {
+                        let Some((r, Some(v))) = r.map(|r| (r, get(r))) else { return "–".to_string() };
+                        match self.range(w, system, replication, rate, *get) {
+                            Some((lo, hi)) => format!("{} ({}–{})", f(v), f(lo), f(hi)),
+                            None if i == 0 => format!("{} ±{:.0}%", f(v), r.throughput_cv * 100.0),
+                            None => f(v),
+                        }
                     };
-                    let sv = silt.map(get);
+                    let silt3_cell = match silt3.as_ref() {
+                        Some(r) if r.available => cell("silt", 3, Some(r)),
+                        _ => "n/a¹".into(),
+                    };
+                    let sv = silt.and_then(get);
                     let _ = writeln!(
                         s,
-                        "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                        "| {} | {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                         if i == 0 { rate } else { "" },
-                        cell(silt),
-                        cell(nats1),
-                        ratio(sv, nats1.map(get)),
-                        cell(nats3),
-                        silt3_cell(*get),
-                        ratio(sv, nats3.map(get)),
+                        cell("silt", 1, silt),
+                        cell("nats", 1, nats1),
+                        ratio(sv, nats1.and_then(get)),
+                        cell("nats", 3, nats3),
+                        silt3_cell,
+                        ratio(sv, nats3.and_then(get)),
+                        cell(GROUP_COMMIT, 1, gc),
+                        ratio(sv, gc.and_then(get)),
                         limit.map_or("–".into(), |l| format!("{} {unit}", f(l))),
                         ratio(sv, *limit),
                     );
                 }
             }
             for r in self.runs.iter().filter(|r| r.workload == *w && r.available) {
-                if r.produce_errors > 0 || r.consume_errors > 0 || r.consumed_msgs < r.produced_msgs {
+                // The group-commit server has no consumers.
+                let unconsumed = r.system != GROUP_COMMIT && r.consumed_msgs < r.produced_msgs;
+                if r.produce_errors > 0 || r.consume_errors > 0 || unconsumed {
                     let _ = writeln!(
                         s,
                         "\n{} R={} at {}: {} produce errors{}, {} consumer errors, {} of {} acknowledged messages consumed.",
@@ -453,7 +630,7 @@ impl Report {
         let silt_max = self.find(w16, "silt", 1, "max").filter(|r| r.available);
         let nats3_max = self.find(w16, "nats", 3, "max").filter(|r| r.available);
         let silt3_max = self.find(w16, "silt", 3, "max").filter(|r| r.available);
-        match (silt3_max, nats3_max) {
+        match (&silt3_max, &nats3_max) {
             (Some(a), Some(b)) => {
                 let v = a.throughput_mb_per_s / b.throughput_mb_per_s;
                 let _ = writeln!(
@@ -463,11 +640,15 @@ impl Report {
                 );
             }
             _ => {
-                let reference =
-                    ratio(silt_max.map(|r| r.throughput_mb_per_s), nats3_max.map(|r| r.throughput_mb_per_s));
+                let reference = ratio(
+                    silt_max.map(|r| r.throughput_mb_per_s),
+                    nats3_max.as_ref().map(|r| r.throughput_mb_per_s),
+                );
+                let missing =
+                    if silt3_max.is_none() { "Silt R=3 not available¹" } else { "NATS R=3 not run" };
                 let _ = writeln!(
                     s,
-                    "| R=3 produce throughput ≥ 0.8 × NATS R=3 ({w16}) | not measurable: Silt R=3 not available¹ \
+                    "| R=3 produce throughput ≥ 0.8 × NATS R=3 ({w16}) | not measurable: {missing} \
                      (Silt R=1 / NATS R=3: {reference}) | – |"
                 );
             }
@@ -491,6 +672,7 @@ impl Report {
                 );
             }
         }
+        self.journal_targets(&mut s);
         for e in self.replays.iter().filter(|e| e.system == "silt" && e.replication == 1) {
             if let Some(r) = &e.result {
                 let _ = writeln!(
@@ -510,10 +692,162 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The rows of the targets for one journal per agent (group commit across partitions).
+    fn journal_targets(&self, s: &mut String) {
+        let w16 = "1-topic-16-partitions-1kb";
+        for (r, goal) in [(1, 0.30), (3, 0.12)] {
+            if let Some(x) = self.find(w16, "silt", r, "max").filter(|x| x.available) {
+                let mb = x.throughput_msgs_per_s.min(x.consume_msgs_per_s) * x.message_bytes as f64 / 1e6;
+                let v = mb / self.disk_bw();
+                let _ = writeln!(
+                    s,
+                    "| R={r}, produce + consume ÷ disk sequential write + fdatasync bandwidth ≥ {goal} ({w16}) | \
+                     {v:.2} ({} MB/s end to end) | {} |",
+                    f(mb),
+                    yes(v >= goal)
+                );
+            }
+        }
+        for (r, goal) in [(1, 4.0), (3, 10.0)] {
+            if let Some(x) = self.find(w16, "silt", r, "max").filter(|x| x.available) {
+                let v = x.server_cpu_s_per_gb;
+                let _ = writeln!(
+                    s,
+                    "| R={r}, server CPU s per GB ≤ {goal} ({w16}, max) | {} | {} |",
+                    f(v),
+                    yes(v <= goal)
+                );
+            }
+        }
+        let mut workloads: Vec<&str> = Vec::new();
+        for r in &self.runs {
+            if !workloads.contains(&r.workload.as_str()) {
+                workloads.push(&r.workload);
+            }
+        }
+        for w in workloads {
+            let silt = self.find(w, "silt", 1, "50% of max").filter(|x| x.available);
+            let gc = self.find(w, GROUP_COMMIT, 1, "50% of max").filter(|x| x.available);
+            if let (Some(a), Some(b)) = (&silt, &gc) {
+                let v = a.produce_ack.p99_ms / b.produce_ack.p99_ms;
+                let _ = writeln!(
+                    s,
+                    "| produce-ack p99 at 50% of max ≤ 1.5 × the group-commit server's at the same rate ({w}) | \
+                     {v:.2} ({} ms / {} ms) | {} |",
+                    f(a.produce_ack.p99_ms),
+                    f(b.produce_ack.p99_ms),
+                    yes(v <= 1.5)
+                );
+            }
+            if let (Some(a), Some(cap)) = (&silt, self.disk_flush_capacity()) {
+                if let Some(flushes) = a.disk_flushes_per_s {
+                    let v = flushes / cap;
+                    let _ = writeln!(
+                        s,
+                        "| disk flushes per s at 50% of max ≤ 0.3 × the disk's flush capacity ({w}) | {v:.2} \
+                         ({} / {} per s) | {} |",
+                        f(flushes),
+                        f(cap),
+                        yes(v <= 0.3)
+                    );
+                }
+            }
+        }
+        let many = "1000-partitions-10-msgs-per-s";
+        for x in self.runs.iter().filter(|x| x.workload == many && x.system == "silt" && x.available) {
+            if let Some(flushes) = x.disk_flushes_per_s {
+                let _ = writeln!(
+                    s,
+                    "| R={}, disk flushes per s ≤ 400 ({many} at {}) | {} | {} |",
+                    x.replication,
+                    x.rate,
+                    f(flushes),
+                    yes(flushes <= 400.0)
+                );
+            }
+            let _ = writeln!(
+                s,
+                "| R={}, server CPU ≤ 0.3 cores ({many} at {}) | {} | {} |",
+                x.replication,
+                x.rate,
+                f(x.server_cpu_cores),
+                yes(x.server_cpu_cores <= 0.3)
+            );
+        }
+    }
+}
+
+/// A consumer figure, or none where nothing was consumed (the group-commit server has no
+/// consumers).
+fn consumed(v: f64) -> Option<f64> {
+    (v > 0.0).then_some(v)
+}
+
 fn yes(b: bool) -> &'static str {
     if b {
         "yes"
     } else {
         "no"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(system: &str, round: u32, mb_per_s: f64, p99_ms: f64) -> RunResult {
+        let mut r = RunResult {
+            workload: "w".into(),
+            system: system.into(),
+            replication: 1,
+            available: true,
+            rate: "max".into(),
+            throughput_mb_per_s: mb_per_s,
+            round,
+            ..RunResult::default()
+        };
+        r.produce_ack.p99_ms = p99_ms;
+        r
+    }
+
+    #[test]
+    fn medians_of_the_rounds_with_their_range() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN]), None);
+        let runs = vec![
+            run("silt", 0, 30.0, 9.0),
+            run(GROUP_COMMIT, 0, 90.0, 2.0),
+            run("silt", 1, 10.0, 5.0),
+            run(GROUP_COMMIT, 1, 80.0, 3.0),
+            run("silt", 2, 20.0, 7.0),
+            run(GROUP_COMMIT, 2, 70.0, 4.0),
+        ];
+        let limits: Limits = serde_json::from_str(
+            r#"{"seq_write_fdatasync_mb_per_s": 100.0, "loopback_tcp_mb_per_s": 1000.0,
+                "write_4k_fdatasync": {"count": 1, "p50_ms": 1.0, "p99_ms": 1.0, "p999_ms": 1.0, "max_ms": 1.0,
+                "mean_ms": 1.0, "distribution": []}}"#,
+        )
+        .unwrap();
+        let report = Report {
+            started_unix_ms: 0,
+            run_s: 0.0,
+            machine: Machine::default(),
+            settings: Settings::default(),
+            limits_start: limits.clone(),
+            limits_end: limits,
+            runs,
+            replays: Vec::new(),
+        };
+        assert_eq!(report.rounds_run(), 3);
+        let silt = report.find("w", "silt", 1, "max").unwrap();
+        assert_eq!((silt.throughput_mb_per_s, silt.produce_ack.p99_ms), (20.0, 7.0));
+        let md = report.markdown();
+        assert!(md.contains("ran 3 rounds"), "{md}");
+        // Silt's median and range, the group-commit server's, and the ratio of the medians.
+        assert!(md.contains("| max | produce MB/s | 20.0 (10.0–30.0) |"), "{md}");
+        assert!(md.contains("| 80.0 (70.0–90.0) | **0.25** |"), "{md}");
+        assert!(md.contains("| produce-ack p99 ms | 7.00 (5.00–9.00) |"), "{md}");
     }
 }

@@ -117,23 +117,32 @@ impl Drop for SiltServer {
     }
 }
 
-/// Produces to one topic with one RecordBatch v2 per request.
+/// Produces to a workload's topics with one RecordBatch v2 per request. The load generator's
+/// partition `p` is partition `p % partitions_per_topic` of topic `p / partitions_per_topic`.
 pub struct SiltProducer {
     /// The client.
     pub client: Client,
-    /// The topic.
-    pub topic: String,
+    /// The topics, in order.
+    pub topics: Vec<String>,
+    /// Partitions of each topic.
+    pub partitions_per_topic: u32,
 }
 
 #[async_trait::async_trait]
 impl ProduceTarget for SiltProducer {
     async fn send(&self, partition: u32, payloads: Vec<Bytes>) -> anyhow::Result<()> {
+        let per_topic = self.partitions_per_topic.max(1);
+        let topic = self
+            .topics
+            .get((partition / per_topic) as usize)
+            .with_context(|| format!("no topic holds the workload's partition {partition}"))?;
+        let partition = partition % per_topic;
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
         let mut b = BatchBuilder::new();
         for value in payloads {
             b.push(NewRecord { timestamp_ms: now_ms, key: None, value: Some(value), headers: Vec::new() });
         }
-        self.client.produce_batch(&self.topic, partition, b.build()?).await?;
+        self.client.produce_batch(topic, partition, b.build()?).await?;
         Ok(())
     }
 }

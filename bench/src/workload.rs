@@ -16,7 +16,11 @@ pub struct Workload {
     pub name: String,
     /// What it measures.
     pub kind: WorkloadKind,
-    /// Partitions of the one topic (a Silt topic's partitions; one JetStream stream each).
+    /// Topics (OpenMessaging Benchmark's "N-topics"); every topic has `partitions` partitions.
+    /// Produce workloads only.
+    #[serde(default = "one")]
+    pub topics: u32,
+    /// Partitions of each topic (a Silt topic's partitions; one JetStream stream each).
     pub partitions: u32,
     /// Size of every message's value (payload) in bytes.
     pub message_bytes: usize,
@@ -112,7 +116,13 @@ impl Workload {
 
     fn validate(&self) -> anyhow::Result<()> {
         if !(1..=1024).contains(&self.partitions) {
-            bail!("partitions must be 1 to 1024, not {}", self.partitions);
+            bail!("partitions must be 1 to 1024 (per topic), not {}", self.partitions);
+        }
+        if !(1..=100).contains(&self.topics) {
+            bail!("topics must be 1 to 100, not {}", self.topics);
+        }
+        if self.topics > 1 && self.kind != WorkloadKind::Produce {
+            bail!("only a produce workload can have more than one topic");
         }
         if !(16..=1 << 20).contains(&self.message_bytes) {
             bail!("message_bytes must be 16 (the send time is written in the first 16) to 1 MiB");
@@ -157,6 +167,11 @@ impl Workload {
         Ok(())
     }
 
+    /// Partitions of all topics together.
+    pub fn total_partitions(&self) -> u32 {
+        self.topics * self.partitions
+    }
+
     /// The Silt topic configs for replication factor `r`: the workload's own, plus
     /// `replication.factor`.
     pub fn silt_topic_config(&self, r: u32) -> BTreeMap<String, String> {
@@ -164,6 +179,10 @@ impl Workload {
         c.insert("replication.factor".into(), r.to_string());
         c
     }
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Loads every `*.toml` file of a folder, sorted by file name.
@@ -186,7 +205,18 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads");
         let all = load_dir(&dir).unwrap();
         let names: Vec<&str> = all.iter().map(|w| w.name.as_str()).collect();
-        assert_eq!(names, ["1-topic-1-partition-100b", "1-topic-16-partitions-1kb", "replay-cold"]);
+        assert_eq!(
+            names,
+            [
+                "1-topic-1-partition-100b",
+                "1-topic-16-partitions-1kb",
+                "1000-partitions-10-msgs-per-s",
+                "10000-partitions-1-msg-per-s",
+                "replay-cold"
+            ]
+        );
+        let many = &all[3];
+        assert_eq!((many.topics, many.partitions, many.total_partitions()), (10, 1000, 10_000));
         for w in &all {
             assert_eq!(w.replication_factors, [1, 3], "{}", w.name);
         }
@@ -212,6 +242,9 @@ mod tests {
         assert!(format!("{e:#}").contains("paritions"), "{e:#}");
         assert!(Workload::parse(&ok.replace("message_bytes = 100", "message_bytes = 8")).is_err());
         assert!(Workload::parse(&ok.replace("kind = \"replay\"", "kind = \"produce\"")).is_err());
+        assert!(Workload::parse(&ok.replace("partitions = 1", "partitions = 1025")).is_err());
+        let e = Workload::parse(&ok.replace("partitions = 1", "topics = 2\npartitions = 1")).unwrap_err();
+        assert!(format!("{e:#}").contains("only a produce workload"), "{e:#}");
     }
 
     #[test]

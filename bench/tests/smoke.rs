@@ -63,7 +63,7 @@ fn a_short_run_writes_every_figure() {
         .arg(&workloads)
         .args(["--only", "1-topic-1-partition-100b", "--only", "replay-cold"])
         .args(["--duration", "1s", "--warmup", "200ms", "--limits-time", "200ms", "--replay-mib", "8"])
-        .args(["--drain", "5s"])
+        .args(["--drain", "5s", "--repeats", "2"])
         .arg("--results")
         .arg(results.path())
         .arg("--silt-bin")
@@ -83,7 +83,19 @@ fn a_short_run_writes_every_figure() {
     assert!(r["limits_end"]["overwrite_4k_fdatasync"]["p99_ms"].as_f64().unwrap() > 0.0);
     let runs = r["runs"].as_array().unwrap();
     let silt: Vec<_> = runs.iter().filter(|x| x["system"] == "silt" && x["replication"] == 1).collect();
-    assert_eq!(silt.len(), 3, "max, 50% of max and the fixed rate: {text}");
+    assert_eq!(silt.len(), 6, "max, 50% of max and the fixed rate, twice: {text}");
+    let rounds: Vec<u64> = silt.iter().map(|x| x["round"].as_u64().unwrap()).collect();
+    assert_eq!(rounds, [0, 0, 0, 1, 1, 1]);
+    // Machine-wide figures over the window, and the disk's when the results are on one.
+    let disk = silt_bench::proc_stats::disk_of(results.path());
+    for x in &silt {
+        assert!(x["machine_cpu_cores"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["server_cpu_cores"].as_f64().unwrap() > 0.0, "{x}");
+        if disk.is_some() {
+            // Every acknowledged byte was fdatasynced to this disk at least once.
+            assert!(x["disk_bytes_per_acked_byte"].as_f64().unwrap() > 0.5, "{x}");
+        }
+    }
     for x in &silt {
         assert_eq!(x["available"], true);
         assert!(x["throughput_msgs_per_s"].as_f64().unwrap() > 0.0, "{x}");
@@ -95,7 +107,7 @@ fn a_short_run_writes_every_figure() {
     }
     // R=3 runs against `silt dev --agents 3`: every segment on three agents' disks.
     let r3: Vec<_> = runs.iter().filter(|x| x["system"] == "silt" && x["replication"] == 3).collect();
-    assert_eq!(r3.len(), 3, "{text}");
+    assert_eq!(r3.len(), 6, "{text}");
     for x in &r3 {
         assert_eq!(x["available"], true, "{x}");
         assert!(x["throughput_msgs_per_s"].as_f64().unwrap() > 0.0, "{x}");
@@ -103,6 +115,32 @@ fn a_short_run_writes_every_figure() {
     }
     // Without --nats-server the peer's rows say it was not run.
     assert!(runs.iter().filter(|x| x["system"] == "nats").all(|x| x["available"] == false));
+    // The plain group-commit server ran every rate of every round; at half of max it ran at
+    // Silt R=1's rate of the same round.
+    let gc: Vec<_> = runs.iter().filter(|x| x["system"] == "group-commit").collect();
+    assert_eq!(gc.len(), 6, "{text}");
+    for x in &gc {
+        assert_eq!(x["available"], true, "{x}");
+        assert!(x["throughput_msgs_per_s"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["produce_ack"]["p99_ms"].as_f64().unwrap() > 0.0, "{x}");
+        assert_eq!(x["produce_errors"], 0, "{x}");
+    }
+    for round in 0..2 {
+        let at = |system: &str, rate: &str| {
+            runs.iter()
+                .find(|x| {
+                    x["system"] == system && x["replication"] == 1 && x["rate"] == rate && x["round"] == round
+                })
+                .unwrap()
+        };
+        let silt_max = at("silt", "max");
+        let sustained = silt_max["throughput_msgs_per_s"]
+            .as_f64()
+            .unwrap()
+            .min(silt_max["consume_msgs_per_s"].as_f64().unwrap());
+        let gc_half = at("group-commit", "50% of max")["target_msgs_per_s"].as_f64().unwrap();
+        assert!((gc_half - sustained / 2.0).abs() < 1e-6 * sustained, "{gc_half} vs {sustained}");
+    }
 
     let replay =
         r["replays"].as_array().unwrap().iter().find(|x| x["system"] == "silt" && x["replication"] == 1);
@@ -139,6 +177,10 @@ fn a_short_run_writes_every_figure() {
         "| replay against a plain reader, object bytes per second",
         "the plain program's Parquet decoding alone",
         "### Targets",
+        "| group commit | Silt R=1/group commit |",
+        "| disk bytes written per byte acknowledged |",
+        "the group-commit server's at the same rate (1-topic-1-partition-100b)",
+        "the disk's flush capacity",
     ] {
         assert!(md.contains(want), "results.md lacks {want}:\n{md}");
     }
